@@ -1,0 +1,63 @@
+// Tensor: device-tagged contiguous storage held by reference, so sending does not copy it.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/device/device.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace tensorplay {
+
+enum class DType : std::uint8_t {
+    uint8 = 0, int8, int16, int32, int64, float16, bfloat16, float32, float64, boolean,
+};
+
+/// Size of one element in bytes.
+[[nodiscard]] std::size_t element_size(DType dtype) noexcept;
+[[nodiscard]] std::string_view to_string(DType dtype) noexcept;
+
+/// Contiguous bytes on one device. Implementations come from a DeviceBackend.
+class Storage {
+public:
+    virtual ~Storage() = default;
+    [[nodiscard]] virtual Device device() const noexcept = 0;
+    /// Start of the bytes: host-addressable for cpu (and the test-only sim backend), a device
+    /// pointer for cuda.
+    [[nodiscard]] virtual std::uint8_t* data() noexcept = 0;
+    [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+};
+
+/// A dense, contiguous tensor: dtype, shape and shared storage. Copies share the storage.
+class Tensor {
+public:
+    Tensor() = default;
+    /// Wraps `storage`; Errc::invalid_argument when the shape needs more bytes than it has.
+    [[nodiscard]] static Result<Tensor> wrap(std::shared_ptr<Storage> storage, DType dtype, std::vector<std::int64_t> shape);
+    /// A new CPU tensor (contents unspecified).
+    [[nodiscard]] static Tensor cpu(DType dtype, std::vector<std::int64_t> shape);
+    /// A new 1-D uint8 CPU tensor holding a copy of `data`.
+    [[nodiscard]] static Tensor from_bytes(std::span<const std::uint8_t> data);
+
+    [[nodiscard]] bool defined() const noexcept { return storage_ != nullptr; }
+    [[nodiscard]] Device device() const noexcept;
+    [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+    [[nodiscard]] const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+    [[nodiscard]] std::int64_t numel() const noexcept;
+    [[nodiscard]] std::size_t nbytes() const noexcept { return numel() * element_size(dtype_); }
+    /// Start of the data (see Storage::data()).
+    [[nodiscard]] std::uint8_t* data() const noexcept;
+    /// The bytes as a span; only meaningful where the storage is host-addressable (cpu, sim).
+    [[nodiscard]] std::span<std::uint8_t> bytes() const noexcept { return {data(), nbytes()}; }
+    [[nodiscard]] const std::shared_ptr<Storage>& storage() const noexcept { return storage_; }
+
+private:
+    std::shared_ptr<Storage> storage_;
+    DType dtype_ = DType::uint8;
+    std::vector<std::int64_t> shape_;
+};
+
+}  // namespace tensorplay

@@ -1,0 +1,22 @@
+// WorkerInfo: a worker's name and id (its rank in a static group).
+#pragma once
+
+#include <compare>
+#include <iosfwd>
+#include <string>
+
+namespace tensorplay {
+
+/// Identity of a worker. Printable as "WorkerInfo(id=1, name=worker1)".
+struct WorkerInfo {
+    std::string name;
+    int id = -1;
+
+    [[nodiscard]] std::string str() const;
+    friend bool operator==(const WorkerInfo&, const WorkerInfo&) = default;
+    friend auto operator<=>(const WorkerInfo&, const WorkerInfo&) = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const WorkerInfo& w);
+
+}  // namespace tensorplay

@@ -1,0 +1,23 @@
+// The only file that names asio::experimental: non-throwing completion for library internals.
+#pragma once
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/experimental/channel.hpp>
+#include <asio/experimental/concurrent_channel.hpp>
+#include <asio/use_awaitable.hpp>
+
+namespace tensorplay::detail {
+
+/// Completion token for library I/O: `auto [ec, n] = co_await sock.async_read_some(buf, use_nothrow);`
+/// Never throws; convert `ec` with from_error_code.
+inline constexpr auto use_nothrow = asio::experimental::as_tuple(asio::use_awaitable);
+
+namespace awaitable_ops = asio::experimental::awaitable_operators;
+
+template <class... Signatures>
+using Channel = asio::experimental::channel<Signatures...>;
+template <class... Signatures>
+using ConcurrentChannel = asio::experimental::concurrent_channel<Signatures...>;
+
+}  // namespace tensorplay::detail
