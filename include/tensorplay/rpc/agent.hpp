@@ -6,6 +6,7 @@
 #include <tensorplay/rpc/message.hpp>
 #include <tensorplay/rpc/worker_info.hpp>
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,11 @@
 namespace tensorplay {
 
 struct RpcBackendOptions;
+
+/// A handler that runs as a coroutine on the agent's I/O executor (must not block).
+using RpcHandler = std::function<Task<Result<Message>>(WorkerInfo caller, Message request)>;
+/// A handler that may block; it runs on the agent's pool of num_worker_threads.
+using BlockingRpcHandler = std::function<Result<Message>(const WorkerInfo& caller, Message request)>;
 
 /// An RPC agent: one worker's endpoint in a group. Thread-safe.
 class RpcAgent {
@@ -27,6 +33,13 @@ public:
     [[nodiscard]] virtual std::vector<WorkerInfo> get_worker_infos() const = 0;
     /// The options the agent was created with.
     [[nodiscard]] virtual const RpcBackendOptions& get_backend_options() const = 0;
+
+    /// Registers a coroutine handler under `name` (Errc::already_registered if taken).
+    [[nodiscard]] virtual Result<void> register_handler(std::string name, RpcHandler handler) = 0;
+    /// Registers a blocking handler under `name`, run on the worker pool.
+    [[nodiscard]] virtual Result<void> register_blocking_handler(std::string name, BlockingRpcHandler handler) = 0;
+    /// Removes a handler after the calls it is running have finished (Errc::not_found if absent).
+    [[nodiscard]] virtual Task<Result<void>> unregister_handler(std::string name) = 0;
 
     /// Calls handler `handler` on worker `to` with `message`. `timeout_sec`: seconds;
     /// UNSET_RPC_TIMEOUT (-1) uses the options' rpc_timeout; 0 means no timeout.
