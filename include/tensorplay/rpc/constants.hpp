@@ -1,0 +1,22 @@
+// The RPC layer's constants, with torch.distributed.rpc's values.
+#pragma once
+
+#include <chrono>
+#include <string_view>
+
+namespace tensorplay {
+
+/// Default timeout of an RPC, in seconds (0 means no timeout).
+inline constexpr double DEFAULT_RPC_TIMEOUT_SEC = 60.0;
+/// Default rendezvous: MASTER_ADDR / MASTER_PORT from the environment.
+inline constexpr std::string_view DEFAULT_INIT_METHOD = "env://";
+/// Default size of the pool that runs blocking handlers.
+inline constexpr int DEFAULT_NUM_WORKER_THREADS = 16;
+/// Default timeout of a graceful shutdown, in seconds; 0 waits forever.
+inline constexpr double DEFAULT_SHUTDOWN_TIMEOUT = 0.0;
+/// Timeout of the group's collectives during init (2^31-1 ms, about 24.8 days).
+inline constexpr std::chrono::milliseconds DEFAULT_PROCESS_GROUP_TIMEOUT{2147483647};
+/// "Use the agent's default timeout" sentinel for rpc_async and friends.
+inline constexpr double UNSET_RPC_TIMEOUT = -1.0;
+
+}  // namespace tensorplay

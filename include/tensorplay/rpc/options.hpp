@@ -1,0 +1,65 @@
+// RpcBackendOptions and TensorPipeRpcBackendOptions: what a backend is configured with.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/device/device.hpp>
+#include <tensorplay/device/device_map.hpp>
+#include <tensorplay/rpc/constants.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tensorplay {
+
+/// Options every backend understands. Polymorphic: an init handler checks the dynamic type
+/// (dynamic_cast) of the options it is given. Not thread-safe: configure, then hand over.
+struct RpcBackendOptions {
+    /// Default timeout of an RPC in seconds; 0 means no timeout.
+    double rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC;
+    /// How workers rendezvous: "env://", "tcp://host:port", "file://path".
+    std::string init_method = std::string(DEFAULT_INIT_METHOD);
+
+    RpcBackendOptions() = default;
+    RpcBackendOptions(double rpc_timeout, std::string init_method);
+    RpcBackendOptions(const RpcBackendOptions&) = default;
+    RpcBackendOptions(RpcBackendOptions&&) = default;
+    RpcBackendOptions& operator=(const RpcBackendOptions&) = default;
+    RpcBackendOptions& operator=(RpcBackendOptions&&) = default;
+    virtual ~RpcBackendOptions() = default;
+
+    /// Checks the values: rpc_timeout must be finite and >= 0 (Errc::invalid_argument otherwise).
+    [[nodiscard]] virtual Result<void> validate() const;
+};
+
+/// Options of the built-in TENSORPIPE backend.
+struct TensorPipeRpcBackendOptions : RpcBackendOptions {
+    /// Size of the pool that runs blocking handlers; must be positive.
+    int num_worker_threads = DEFAULT_NUM_WORKER_THREADS;
+    /// Per peer worker: where this worker's devices land on that peer.
+    DeviceMaps device_maps;
+    /// The devices this worker uses; empty: derived from the device maps (CPU dropped).
+    std::vector<Device> devices;
+    /// Transports to use, highest priority first; nullopt: every transport built in.
+    std::optional<std::vector<std::string>> transports;
+    /// Channels to use, highest priority first; nullopt: every channel built in.
+    std::optional<std::vector<std::string>> channels;
+    /// Address the agent listens on ("host", "host:port", "unix:/path"); empty: chosen automatically.
+    std::string listen_address;
+
+    TensorPipeRpcBackendOptions() = default;
+    TensorPipeRpcBackendOptions(double rpc_timeout, std::string init_method,
+                                int num_worker_threads = DEFAULT_NUM_WORKER_THREADS);
+
+    /// Merges `map` into device_maps[to]. The result must stay one-to-one: a source already mapped
+    /// elsewhere, or two sources mapped to one target, is Errc::invalid_argument naming the devices,
+    /// and then nothing changes.
+    [[nodiscard]] Result<void> set_device_map(const std::string& to, const DeviceMap& map);
+    /// Replaces devices. Checked against the device count when the backend starts.
+    void set_devices(std::vector<Device> devices);
+
+    /// The base checks plus num_worker_threads > 0 (Errc::invalid_argument otherwise).
+    [[nodiscard]] Result<void> validate() const override;
+};
+
+}  // namespace tensorplay
