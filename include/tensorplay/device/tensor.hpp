@@ -19,6 +19,10 @@ enum class DType : std::uint8_t {
 /// Size of one element in bytes.
 [[nodiscard]] std::size_t element_size(DType dtype) noexcept;
 [[nodiscard]] std::string_view to_string(DType dtype) noexcept;
+/// The DType whose numeric value is `code` (as sent on the wire); Errc::protocol_error otherwise.
+[[nodiscard]] Result<DType> dtype_from_code(std::uint8_t code);
+/// Bytes needed by `shape` of `dtype`; Errc::invalid_argument for a negative dimension or overflow.
+[[nodiscard]] Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// Contiguous bytes on one device. Implementations come from a DeviceBackend.
 class Storage {
@@ -37,7 +41,8 @@ public:
     Tensor() = default;
     /// Wraps `storage`; Errc::invalid_argument when the shape needs more bytes than it has.
     [[nodiscard]] static Result<Tensor> wrap(std::shared_ptr<Storage> storage, DType dtype, std::vector<std::int64_t> shape);
-    /// A new CPU tensor (contents unspecified).
+    /// A new CPU tensor (contents unspecified). A negative dimension or an overflowing size gives
+    /// an undefined tensor; use tensorplay::empty() (device/backend.hpp) for a Result.
     [[nodiscard]] static Tensor cpu(DType dtype, std::vector<std::int64_t> shape);
     /// A new 1-D uint8 CPU tensor holding a copy of `data`.
     [[nodiscard]] static Tensor from_bytes(std::span<const std::uint8_t> data);

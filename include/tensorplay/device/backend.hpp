@@ -1,0 +1,121 @@
+// DeviceBackend: allocation, streams and events for one device type (cpu, cuda, test-only sim).
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/device/device.hpp>
+#include <tensorplay/device/tensor.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+namespace tensorplay {
+
+namespace detail {
+class EventState;
+}
+
+/// An ordered queue of work on one device. Work queued on one stream runs in order; work on
+/// different streams may overlap unless ordered with events. A plain value; the backend owns
+/// the stream itself. `id` 0 is the device's default stream, 1..N the pooled ones.
+struct Stream {
+    Device device;
+    std::uint32_t id = 0;
+
+    friend bool operator==(const Stream&, const Stream&) = default;
+};
+
+/// A point in a stream's work. Default-constructed: an event that is already complete.
+/// Copies share the same point. Thread-safe.
+class Event {
+public:
+    Event() = default;
+    explicit Event(std::shared_ptr<detail::EventState> state) noexcept : state_(std::move(state)) {}
+    /// True when the work before the event has finished (always true for a default event).
+    [[nodiscard]] bool ready() const noexcept;
+    [[nodiscard]] const std::shared_ptr<detail::EventState>& state() const noexcept { return state_; }
+
+private:
+    std::shared_ptr<detail::EventState> state_;
+};
+
+/// Allocation and ordering for one device type. Implementations are thread-safe.
+class DeviceBackend {
+public:
+    virtual ~DeviceBackend() = default;
+
+    /// "cpu", "sim" or "cuda".
+    [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+    /// The device type this backend serves.
+    [[nodiscard]] virtual DeviceType type() const noexcept = 0;
+    /// Number of devices (1 for cpu).
+    [[nodiscard]] virtual int device_count() const noexcept = 0;
+    /// True when data() of this backend's storage is addressable by the host (cpu, sim).
+    [[nodiscard]] virtual bool host_accessible() const noexcept = 0;
+
+    /// Fresh storage of `nbytes` on `device` (contents unspecified). Errc::device_error for a
+    /// device this backend does not have; Errc::io_error when memory is exhausted.
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate(Device device, std::size_t nbytes) = 0;
+
+    /// The device's default stream.
+    [[nodiscard]] virtual Result<Stream> default_stream(Device device) = 0;
+    /// A stream from the device's pool (round robin), for work that should not queue behind
+    /// the default stream.
+    [[nodiscard]] virtual Result<Stream> acquire_stream(Device device) = 0;
+
+    /// Queues a copy of `n` bytes from `src` to `dst` (host or device memory of this backend) on
+    /// `stream`. `keep_alive` is held until the copy ran (pass the storages); the pointers must
+    /// stay valid until then.
+    [[nodiscard]] virtual Result<void> copy_async(Stream stream, std::uint8_t* dst, const std::uint8_t* src,
+                                                  std::size_t n, std::shared_ptr<void> keep_alive = {}) = 0;
+    /// Queues a host function on `stream`; it runs after the work queued before it.
+    [[nodiscard]] virtual Result<void> enqueue_host(Stream stream, std::function<void()> fn) = 0;
+    /// An event that completes when the work queued on `stream` so far has finished.
+    [[nodiscard]] virtual Result<Event> record_event(Stream stream) = 0;
+    /// Makes work queued on `stream` after this call wait for `event` (from any stream of this
+    /// backend). Does not block the caller.
+    [[nodiscard]] virtual Result<void> wait_event(Stream stream, const Event& event) = 0;
+
+    /// Resumes the awaiting coroutine (on its own executor) once `event` is complete; never
+    /// blocks a thread. Not cancellable: it completes when the event does.
+    [[nodiscard]] virtual Task<Result<void>> wait(Event event) = 0;
+    /// Resumes the awaiting coroutine once the work queued on `stream` so far has finished.
+    [[nodiscard]] Task<Result<void>> synchronize(Stream stream);
+};
+
+/// Options of the test-only sim backend.
+struct SimBackendOptions {
+    int devices = 2;                          ///< pretends to have cuda:0..devices-1
+    int streams_per_device = 4;               ///< size of each device's stream pool
+    std::chrono::microseconds op_delay{0};    ///< added before each queued copy/host op (makes missing waits visible)
+};
+
+/// The host backend (always present).
+[[nodiscard]] DeviceBackend& cpu_backend() noexcept;
+
+/// The backend serving `device`: cpu always; for cuda the installed sim backend, else the
+/// registered CUDA backend. Errc::not_supported when the build has no CUDA, Errc::device_error
+/// when there is no such device.
+[[nodiscard]] Result<DeviceBackend*> backend_for(Device device);
+
+/// Test only: makes `backend_for(cuda:i)` answer a sim backend with `options.devices` devices,
+/// replacing any earlier one (which stays alive until process exit, so pointers to it remain
+/// valid). Returns the backend. Thread-safe.
+DeviceBackend& install_sim_backend(SimBackendOptions options = {});
+/// Shorthand for install_sim_backend({.devices = n}).
+DeviceBackend& install_sim_backend(int n);
+/// Test only: removes the sim backend (cuda devices resolve to the real CUDA backend again).
+void uninstall_sim_backend() noexcept;
+
+/// Registers the backend for cuda devices (the CUDA layer calls this); replaces the previous one.
+void register_cuda_backend(std::shared_ptr<DeviceBackend> backend);
+
+/// A new tensor on `device` from its backend. Errors as backend_for / allocate, and
+/// Errc::invalid_argument for a negative dimension or a size that overflows.
+[[nodiscard]] Result<Tensor> empty(Device device, DType dtype, std::vector<std::int64_t> shape);
+
+}  // namespace tensorplay

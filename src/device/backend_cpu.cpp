@@ -1,0 +1,249 @@
+// The cpu DeviceBackend, host storage and events, the await helper, and the backend registry.
+#include <tensorplay/device/backend.hpp>
+
+#include "device/backend_impl.hpp"
+
+#if __has_include(<tensorplay/config.hpp>)
+#include <tensorplay/config.hpp>
+#else
+#include <config.hpp>  // the build tree has it at its root
+#endif
+
+#include <asio/async_result.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/post.hpp>
+#include <asio/prefer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace tensorplay {
+
+namespace detail {
+
+bool HostEventState::ready() const noexcept {
+    std::lock_guard lock(mutex_);
+    return done_;
+}
+
+void HostEventState::on_ready(std::function<void()> fn) {
+    {
+        std::lock_guard lock(mutex_);
+        if (!done_) {
+            waiters_.push_back(std::move(fn));
+            return;
+        }
+    }
+    fn();
+}
+
+void HostEventState::complete() {
+    std::vector<std::function<void()>> waiters;
+    {
+        std::lock_guard lock(mutex_);
+        done_ = true;
+        waiters.swap(waiters_);
+    }
+    for (auto& w : waiters) w();
+}
+
+namespace {
+constexpr std::size_t huge_page = std::size_t{2} << 20;
+constexpr std::size_t small_align = 64;
+}  // namespace
+
+std::shared_ptr<HostStorage> HostStorage::create(Device device, std::size_t nbytes) {
+    if (nbytes < huge_alloc_threshold) {
+        auto* p = nbytes == 0 ? nullptr
+                              : static_cast<std::uint8_t*>(::operator new(nbytes, std::align_val_t{small_align},
+                                                                          std::nothrow));
+        if (nbytes != 0 && p == nullptr) return nullptr;
+        return std::make_shared<HostStorage>(device, p, nbytes, 0);
+    }
+    // Round up to whole huge pages and over-map by one so that the start can be 2 MiB aligned;
+    // trim the slack so that only the aligned region stays mapped.
+    if (nbytes > SIZE_MAX - 2 * huge_page) return nullptr;
+    const std::size_t len = (nbytes + huge_page - 1) / huge_page * huge_page;
+    void* raw = ::mmap(nullptr, len + huge_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    auto base = reinterpret_cast<std::uintptr_t>(raw);
+    auto aligned = (base + huge_page - 1) / huge_page * huge_page;
+    if (aligned > base) ::munmap(raw, aligned - base);
+    const auto tail = base + len + huge_page - (aligned + len);
+    if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + len), tail);
+    auto* p = reinterpret_cast<std::uint8_t*>(aligned);
+#ifdef MADV_HUGEPAGE
+    ::madvise(p, len, MADV_HUGEPAGE);  // advisory: failure (THP off) only costs speed
+#endif
+    return std::make_shared<HostStorage>(device, p, nbytes, len);
+}
+
+HostStorage::~HostStorage() {
+    if (data_ == nullptr) return;
+    if (mapped_ != 0)
+        ::munmap(data_, mapped_);
+    else
+        ::operator delete(data_, std::align_val_t{small_align});
+}
+
+Task<Result<void>> await_event(std::shared_ptr<EventState> state) {
+    if (!state || state->ready()) co_return ok();
+    // The completion may come from any thread; it is posted to the awaiting coroutine's executor,
+    // which is kept busy (outstanding work) until then so that its run() does not return early.
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(
+        [state](auto handler) {
+            auto ex = asio::prefer(asio::get_associated_executor(handler),
+                                   asio::execution::outstanding_work.tracked);
+            auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+            state->on_ready([shared, ex]() mutable {
+                asio::post(ex, [shared]() mutable { std::move(*shared)(); });
+            });
+        },
+        asio::use_awaitable);
+    co_return ok();
+}
+
+}  // namespace detail
+
+bool Event::ready() const noexcept { return !state_ || state_->ready(); }
+
+Task<Result<void>> DeviceBackend::synchronize(Stream stream) {
+    auto event = record_event(stream);
+    if (!event) co_return fail(std::move(event).error());
+    co_return co_await wait(std::move(*event));
+}
+
+namespace {
+
+Result<void> check_cpu(Device device, std::string_view what) {
+    if (!device.is_cpu())
+        return fail(Errc::device_error, "cpu backend: " + std::string(what) + " on " + device.str() +
+                                            ", which is not a cpu device");
+    return ok();
+}
+
+// Host work is synchronous, so every stream is trivially ordered and every event complete.
+class CpuBackend final : public DeviceBackend {
+public:
+    std::string_view name() const noexcept override { return "cpu"; }
+    DeviceType type() const noexcept override { return DeviceType::cpu; }
+    int device_count() const noexcept override { return 1; }
+    bool host_accessible() const noexcept override { return true; }
+
+    Result<std::shared_ptr<Storage>> allocate(Device device, std::size_t nbytes) override {
+        if (auto c = check_cpu(device, "allocate"); !c) return fail(std::move(c).error());
+        auto s = detail::HostStorage::create(Device::cpu(), nbytes);
+        if (!s) return fail(Errc::io_error, "cpu backend: out of memory allocating " + std::to_string(nbytes) + " bytes");
+        return std::shared_ptr<Storage>(std::move(s));
+    }
+    Result<Stream> default_stream(Device device) override {
+        if (auto c = check_cpu(device, "default_stream"); !c) return fail(std::move(c).error());
+        return Stream{Device::cpu(), 0};
+    }
+    Result<Stream> acquire_stream(Device device) override { return default_stream(device); }
+    Result<void> copy_async(Stream stream, std::uint8_t* dst, const std::uint8_t* src, std::size_t n,
+                            std::shared_ptr<void>) override {
+        if (auto c = check_cpu(stream.device, "copy_async"); !c) return c;
+        if (n != 0) std::memmove(dst, src, n);
+        return ok();
+    }
+    Result<void> enqueue_host(Stream stream, std::function<void()> fn) override {
+        if (auto c = check_cpu(stream.device, "enqueue_host"); !c) return c;
+        fn();
+        return ok();
+    }
+    Result<Event> record_event(Stream stream) override {
+        if (auto c = check_cpu(stream.device, "record_event"); !c) return fail(std::move(c).error());
+        return Event{};
+    }
+    Result<void> wait_event(Stream stream, const Event&) override { return check_cpu(stream.device, "wait_event"); }
+    Task<Result<void>> wait(Event event) override { return detail::await_event(event.state()); }
+};
+
+struct Registry {
+    std::mutex mutex;
+    std::shared_ptr<DeviceBackend> sim;
+    std::shared_ptr<DeviceBackend> cuda;
+    std::vector<std::shared_ptr<DeviceBackend>> retired;  // keeps replaced backends (and raw pointers to them) valid
+};
+
+Registry& registry() {
+    static Registry* r = new Registry;  // never destroyed: backends may be used during static destruction
+    return *r;
+}
+
+}  // namespace
+
+DeviceBackend& cpu_backend() noexcept {
+    static CpuBackend backend;
+    return backend;
+}
+
+Result<DeviceBackend*> backend_for(Device device) {
+    if (device.is_cpu()) return &cpu_backend();
+    std::shared_ptr<DeviceBackend> b;
+    {
+        auto& r = registry();
+        std::lock_guard lock(r.mutex);
+        b = r.sim ? r.sim : r.cuda;
+    }
+    if (!b) {
+        if (!TP_HAS_CUDA)
+            return fail(Errc::not_supported, "tensor on " + device.str() +
+                                                 ": this build of tensorplay has no CUDA support (rebuild with -Dcuda=enabled)");
+        if (cuda_device_count() == 0)
+            return fail(Errc::device_error, "tensor on " + device.str() + ": no CUDA device is visible to this process");
+        return fail(Errc::not_supported, "tensor on " + device.str() + ": no CUDA backend is registered");
+    }
+    const int count = b->device_count();
+    if (device.index >= count)
+        return fail(Errc::device_error, "tensor on " + device.str() + ": the " + std::string(b->name()) +
+                                            " backend has only " + std::to_string(count) + " device(s)");
+    return b.get();
+}
+
+DeviceBackend& install_sim_backend(SimBackendOptions options) {
+    auto b = detail::make_sim_backend(options);
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    if (r.sim) r.retired.push_back(std::move(r.sim));
+    r.sim = b;
+    r.retired.push_back(b);
+    return *b;
+}
+
+DeviceBackend& install_sim_backend(int n) {
+    SimBackendOptions o;
+    o.devices = n;
+    return install_sim_backend(o);
+}
+
+void uninstall_sim_backend() noexcept {
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    r.sim.reset();
+}
+
+void register_cuda_backend(std::shared_ptr<DeviceBackend> backend) {
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    if (r.cuda) r.retired.push_back(std::move(r.cuda));
+    r.cuda = std::move(backend);
+}
+
+Result<Tensor> empty(Device device, DType dtype, std::vector<std::int64_t> shape) {
+    auto nbytes = checked_nbytes(dtype, shape);
+    if (!nbytes) return fail(std::move(nbytes).error().context("empty"));
+    auto backend = backend_for(device);
+    if (!backend) return fail(std::move(backend).error());
+    auto storage = (*backend)->allocate(device, *nbytes);
+    if (!storage) return fail(std::move(storage).error());
+    return Tensor::wrap(std::move(*storage), dtype, std::move(shape));
+}
+
+}  // namespace tensorplay
