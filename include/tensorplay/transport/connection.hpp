@@ -1,0 +1,130 @@
+// Connection: a framed, bidirectional TCP stream with a versioned handshake (see docs/protocol.md).
+#pragma once
+
+#include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/core/timeout.hpp>
+#include <tensorplay/device/device.hpp>
+#include <tensorplay/device/tensor.hpp>
+
+#include <asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tensorplay {
+
+/// Protocol constants: every connection starts with this magic and version.
+inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 1;
+
+/// Bounds applied to everything read from the network, before anything is allocated.
+struct ConnectionLimits {
+    std::size_t max_name_len = 1024;                      ///< handler and worker names
+    std::size_t max_meta_bytes = 1u << 20;                ///< a frame's metadata block
+    std::size_t max_payload_bytes = std::size_t(1) << 31; ///< a frame's payload
+    std::size_t max_tensors = 4096;                       ///< tensors in one frame
+    std::size_t max_ndim = 32;                            ///< dimensions of one tensor
+    std::size_t max_tensor_bytes = std::size_t(1) << 36;  ///< bytes of one tensor (and of all, summed)
+    Duration handshake_timeout = std::chrono::seconds(10);
+};
+
+/// What each side says about itself in the handshake.
+struct HelloInfo {
+    std::string name;
+    int rank = -1;
+    std::vector<std::string> transports{"tcp"};
+    std::vector<std::string> channels{"basic"};
+};
+
+/// What a frame is.
+enum class FrameKind : std::uint8_t { request = 1, response = 2, error = 3 };
+
+/// A tensor as announced in a frame: what the receiver must allocate before reading its bytes.
+struct TensorDesc {
+    DType dtype = DType::uint8;
+    std::vector<std::int64_t> shape;
+    std::uint64_t nbytes = 0;
+    Device source;  ///< where the sender holds it
+    Device target;  ///< where the receiver should put it
+};
+
+/// One message on a connection. `id` matches a response to its request; `name` is the handler.
+/// When sending, `targets[i]` is where tensor i should land (missing entries: its own device).
+/// When receiving, `tensors` were allocated by the connection's allocator on their targets.
+struct Frame {
+    FrameKind kind = FrameKind::request;
+    std::uint64_t id = 0;
+    std::string name;
+    Bytes payload;
+    std::vector<Tensor> tensors;
+    std::vector<Device> targets;
+    /// Receive side only: set when the allocator refused a tensor (its bytes were skipped and
+    /// `tensors` is incomplete); the connection stays usable.
+    std::optional<Error> alloc_error;
+};
+
+/// Allocates the destination of an incoming tensor (called on the connection's executor).
+using TensorAllocator = std::function<Result<Tensor>(const TensorDesc&)>;
+
+/// Counters for tests and benchmarks.
+struct ConnectionStats {
+    std::uint64_t frames_sent = 0;
+    std::uint64_t writes = 0;          ///< async_write operations (each gathers all queued frames)
+    std::uint64_t frames_received = 0;
+    std::uint64_t reads = 0;           ///< socket read operations
+};
+
+namespace detail {
+struct ConnectionState;
+}
+
+/// A framed connection. Strand-bound: every member must be called on the executor it was
+/// created on (which must be a strand or a single-threaded context). Frames queued with send()
+/// are written by one writer coroutine that gathers all queued frames into one async_write.
+/// A malformed frame closes the connection; receive() then returns Errc::protocol_error.
+class Connection {
+public:
+    ~Connection();
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    /// Connects to `host:port` and runs the handshake (bounded by limits.handshake_timeout).
+    /// Errors: connection_lost / io_error (connect), protocol_error (bad magic or version), timeout.
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(std::string host, std::uint16_t port,
+                                                                          HelloInfo local, ConnectionLimits limits = {});
+    /// Runs the server side of the handshake on an accepted socket (bounded by the timeout).
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
+                                                                         ConnectionLimits limits = {});
+
+    /// The peer's handshake.
+    [[nodiscard]] const HelloInfo& peer() const noexcept;
+    /// "name (rank r) at ip:port", for messages.
+    [[nodiscard]] std::string describe() const;
+    [[nodiscard]] Executor get_executor() const;
+
+    /// Replaces the allocator for incoming tensors (default: CPU tensors only, others refused).
+    void set_allocator(TensorAllocator allocator);
+    /// Queues `frame` for writing; the tensors are referenced, not copied, until written.
+    /// Errc::connection_lost (or the close reason) when the connection is closed.
+    [[nodiscard]] Result<void> send(Frame frame);
+    /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
+    /// connection (a frame may be half read).
+    [[nodiscard]] Task<Result<Frame>> receive();
+    /// Closes the socket; pending and later operations fail with `reason` (default connection_lost).
+    void close(std::optional<Error> reason = std::nullopt);
+    [[nodiscard]] bool is_open() const noexcept;
+    [[nodiscard]] const ConnectionStats& stats() const noexcept;
+
+private:
+    explicit Connection(std::shared_ptr<detail::ConnectionState> state);
+    std::shared_ptr<detail::ConnectionState> state_;
+};
+
+}  // namespace tensorplay

@@ -1,0 +1,361 @@
+// Connection: handshake, a buffered frame reader that reads tensor bytes straight into their
+// storage, and one writer coroutine that gathers every queued frame into one async_write.
+#include <tensorplay/transport/connection.hpp>
+
+#include <tensorplay/core/log.hpp>
+#include <tensorplay/core/runtime.hpp>
+#include <tensorplay/device/backend.hpp>
+
+#include "core/asio_compat.hpp"
+#include "transport/frame.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/write.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+namespace tensorplay {
+namespace detail {
+
+namespace {
+constexpr std::size_t kReadBufferSize = 256 * 1024;
+/// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
+constexpr std::size_t kDirectReadMin = 32 * 1024;
+}  // namespace
+
+struct OutFrame {
+    Bytes head;
+    Bytes payload;  // empty when inlined into head
+    std::vector<Tensor> tensors;
+};
+
+struct ConnectionState {
+    ConnectionState(asio::ip::tcp::socket s, ConnectionLimits l)
+        : socket(std::move(s)), limits(std::move(l)), wake(socket.get_executor()) {
+        wake.expires_at(asio::steady_timer::time_point::max());
+        rbuf.resize(kReadBufferSize);
+    }
+
+    asio::ip::tcp::socket socket;
+    ConnectionLimits limits;
+    HelloInfo peer;
+    std::string endpoint;
+    TensorAllocator allocator;
+
+    Bytes rbuf;
+    std::size_t rbeg = 0, rend = 0;
+
+    std::vector<OutFrame> queue, batch;
+    std::vector<asio::const_buffer> bufs;
+    asio::steady_timer wake;
+
+    bool open = true;
+    std::optional<Error> reason;
+    ConnectionStats stats;
+
+    [[nodiscard]] std::string who() const {
+        std::string s = peer.name.empty() ? std::string("peer") : "worker \"" + peer.name + "\"";
+        if (!endpoint.empty()) s += " at " + endpoint;
+        return s;
+    }
+
+    [[nodiscard]] Error closed_error() const {
+        if (reason) return *reason;
+        return Error(Errc::connection_lost, "connection to " + who() + " is closed", peer.name);
+    }
+
+    void close(std::optional<Error> why) {
+        if (!open) return;
+        open = false;
+        if (why) reason = std::move(why);
+        std::error_code ec;
+        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+        socket.close(ec);
+        wake.cancel();
+    }
+
+    /// Fails the connection with `e` (the stream cannot be trusted any more) and returns it.
+    Error broken(Error e) {
+        close(e);
+        return e;
+    }
+
+    Task<Result<void>> fill(std::size_t n) {
+        if (rend - rbeg >= n) co_return ok();
+        if (rbeg == rend) rbeg = rend = 0;
+        if (rbuf.size() - rbeg < n) {
+            std::memmove(rbuf.data(), rbuf.data() + rbeg, rend - rbeg);
+            rend -= rbeg;
+            rbeg = 0;
+            if (rbuf.size() < n) rbuf.resize(n);
+        }
+        while (rend - rbeg < n) {
+            if (!open) co_return fail(closed_error());
+            auto [ec, k] = co_await socket.async_read_some(asio::buffer(rbuf.data() + rend, rbuf.size() - rend), use_nothrow);
+            ++stats.reads;
+            if (ec) {
+                if (!open) co_return fail(closed_error());
+                if (ec == asio::error::eof && rend - rbeg > 0)
+                    co_return fail(broken(Error(Errc::connection_lost,
+                                                "connection to " + who() + " closed in the middle of a frame (" +
+                                                    std::to_string(rend - rbeg) + " of " + std::to_string(n) + " bytes)",
+                                                peer.name, ec)));
+                co_return fail(broken(from_error_code(ec, "reading from " + who()).on_worker(peer.name)));
+            }
+            rend += k;
+        }
+        co_return ok();
+    }
+
+    Task<Result<void>> read_into(std::uint8_t* dst, std::size_t n) {
+        std::size_t have = std::min(n, rend - rbeg);
+        if (have) std::memcpy(dst, rbuf.data() + rbeg, have);
+        rbeg += have;
+        dst += have;
+        n -= have;
+        if (n == 0) co_return ok();
+        if (n >= kDirectReadMin) {
+            auto [ec, k] = co_await asio::async_read(socket, asio::buffer(dst, n), use_nothrow);
+            ++stats.reads;
+            if (ec) {
+                if (!open) co_return fail(closed_error());
+                co_return fail(broken(Error(Errc::connection_lost,
+                                            "connection to " + who() + " lost in the middle of a frame: " + ec.message(),
+                                            peer.name, ec)));
+            }
+            co_return ok();
+        }
+        if (auto r = co_await fill(n); !r) co_return r;
+        std::memcpy(dst, rbuf.data() + rbeg, n);
+        rbeg += n;
+        co_return ok();
+    }
+
+    Task<Result<void>> skip(std::size_t n) {
+        while (n > 0) {
+            if (rbeg == rend) {
+                if (auto r = co_await fill(1); !r) co_return r;
+            }
+            std::size_t k = std::min(n, rend - rbeg);
+            rbeg += k;
+            n -= k;
+        }
+        co_return ok();
+    }
+
+    Task<Result<Frame>> read_frame() {
+        if (!open) co_return fail(closed_error());
+        if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
+        auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
+        if (!h) co_return fail(broken(std::move(h).error().context("frame from " + who()).on_worker(peer.name)));
+        rbeg += kFrameHeaderSize;
+        if (auto r = co_await fill(h->meta_len); !r) co_return fail(r.error());
+        auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits);
+        if (!meta) co_return fail(broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name)));
+        rbeg += h->meta_len;
+
+        Frame f;
+        f.kind = h->kind;
+        f.id = h->id;
+        f.name = std::move(meta->name);
+        f.payload.resize(h->payload_len);
+        if (auto r = co_await read_into(f.payload.data(), f.payload.size()); !r) co_return fail(r.error());
+        f.tensors.reserve(meta->tensors.size());
+        for (auto& desc : meta->tensors) {
+            Result<Tensor> t = allocator ? allocator(desc)
+                                         : fail(Errc::device_error, "no tensor allocator on this connection");
+            if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
+                t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
+            if (!t) {
+                if (!f.alloc_error) f.alloc_error = std::move(t).error();
+                if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
+                continue;
+            }
+            if (auto r = co_await read_into(t->data(), desc.nbytes); !r) co_return fail(r.error());
+            f.tensors.push_back(std::move(*t));
+        }
+        ++stats.frames_received;
+        co_return f;
+    }
+
+    Result<HelloInfo> parse_hello_body(std::size_t len) {
+        auto h = decode_hello_body({rbuf.data() + rbeg, len}, limits);
+        rbeg += len;
+        return h;
+    }
+};
+
+namespace {
+
+Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
+    while (s->open) {
+        if (s->queue.empty()) {
+            auto [ec] = co_await s->wake.async_wait(use_nothrow);
+            (void)ec;  // cancel() is the wake-up signal
+            continue;
+        }
+        s->batch.swap(s->queue);
+        s->bufs.clear();
+        for (auto& f : s->batch) {
+            s->bufs.push_back(asio::buffer(f.head));
+            if (!f.payload.empty()) s->bufs.push_back(asio::buffer(f.payload));
+            for (auto& t : f.tensors)
+                if (t.nbytes() > 0) s->bufs.push_back(asio::buffer(t.data(), t.nbytes()));
+        }
+        ++s->stats.writes;
+        s->stats.frames_sent += s->batch.size();
+        auto [ec, n] = co_await asio::async_write(s->socket, s->bufs, use_nothrow);
+        s->batch.clear();
+        if (ec) {
+            if (s->open) s->close(from_error_code(ec, "writing to " + s->who()).on_worker(s->peer.name));
+            break;
+        }
+    }
+    s->queue.clear();
+}
+
+void start_writer(const std::shared_ptr<ConnectionState>& s) {
+    asio::co_spawn(s->socket.get_executor(), writer_loop(s), [](std::exception_ptr e) {
+        if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection writer").to_string());
+    });
+}
+
+Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
+
+Task<Result<void>> write_all(asio::ip::tcp::socket& sock, Bytes bytes, std::string what) {
+    auto [ec, n] = co_await asio::async_write(sock, asio::buffer(bytes), use_nothrow);
+    if (ec) co_return fail(from_error_code(ec, what));
+    co_return ok();
+}
+
+Result<void> check_version(const HelloPrefix& p) {
+    if (p.version != kProtocolVersion)
+        return fail(Errc::protocol_error, "peer speaks protocol version " + std::to_string(p.version) +
+                                              ", this side speaks version " + std::to_string(kProtocolVersion));
+    return ok();
+}
+
+Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
+                                         HelloInfo local) {
+    std::error_code ec;
+    auto addr = asio::ip::make_address(host, ec);
+    if (!ec) {
+        auto [cec] = co_await s->socket.async_connect({addr, port}, use_nothrow);
+        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
+    } else {
+        asio::ip::tcp::resolver resolver(s->socket.get_executor());
+        auto [rec, eps] = co_await resolver.async_resolve(host, std::to_string(port), use_nothrow);
+        if (rec) co_return fail(from_error_code(rec, "resolving " + host));
+        auto [cec, ep] = co_await asio::async_connect(s->socket, eps, use_nothrow);
+        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
+    }
+    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    s->endpoint = host + ":" + std::to_string(port);
+    if (auto w = co_await write_all(s->socket, encode_hello(local), "sending the handshake to " + s->endpoint); !w)
+        co_return fail(w.error());
+    if (auto r = co_await s->fill(kHelloPrefixSize); !r) co_return fail(r.error());
+    auto p = decode_hello_prefix({s->rbuf.data() + s->rbeg, kHelloPrefixSize});
+    if (!p) co_return fail(p.error());
+    s->rbeg += kHelloPrefixSize;
+    if (auto v = check_version(*p); !v) co_return fail(v.error());
+    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
+    co_return s->parse_hello_body(p->body_len);
+}
+
+Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local) {
+    if (auto r = co_await s->fill(kHelloPrefixSize); !r) co_return fail(r.error());
+    auto p = decode_hello_prefix({s->rbuf.data() + s->rbeg, kHelloPrefixSize});
+    if (!p) co_return fail(p.error());
+    s->rbeg += kHelloPrefixSize;
+    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
+    auto peer = s->parse_hello_body(p->body_len);
+    // Answer even on a version mismatch, so that the client can say which versions disagree.
+    if (auto w = co_await write_all(s->socket, encode_hello(local), "sending the handshake to " + s->endpoint); !w)
+        co_return fail(w.error());
+    if (auto v = check_version(*p); !v) co_return fail(v.error());
+    co_return peer;
+}
+
+}  // namespace
+}  // namespace detail
+
+Connection::Connection(std::shared_ptr<detail::ConnectionState> state) : state_(std::move(state)) {}
+
+Connection::~Connection() {
+    if (state_) state_->close(std::nullopt);
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
+                                                              ConnectionLimits limits) {
+    auto ex = co_await asio::this_coro::executor;
+    auto timeout = limits.handshake_timeout;
+    auto s = std::make_shared<detail::ConnectionState>(asio::ip::tcp::socket(ex), std::move(limits));
+    auto peer = co_await with_timeout(detail::client_handshake(s, host, port, std::move(local)), timeout);
+    if (!peer) {
+        s->close(std::nullopt);
+        co_return fail(std::move(peer).error().context("connecting to " + host + ":" + std::to_string(port)));
+    }
+    s->peer = std::move(*peer);
+    s->allocator = detail::default_allocate;
+    detail::start_writer(s);
+    co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
+                                                             ConnectionLimits limits) {
+    auto timeout = limits.handshake_timeout;
+    auto s = std::make_shared<detail::ConnectionState>(std::move(socket), std::move(limits));
+    std::error_code ec;
+    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    auto ep = s->socket.remote_endpoint(ec);
+    if (!ec) s->endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
+    auto peer = co_await with_timeout(detail::server_handshake(s, std::move(local)), timeout);
+    if (!peer) {
+        s->close(std::nullopt);
+        co_return fail(std::move(peer).error().context("handshake with " + s->endpoint));
+    }
+    s->peer = std::move(*peer);
+    s->allocator = detail::default_allocate;
+    detail::start_writer(s);
+    co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+}
+
+const HelloInfo& Connection::peer() const noexcept { return state_->peer; }
+
+std::string Connection::describe() const { return state_->who(); }
+
+Executor Connection::get_executor() const { return state_->socket.get_executor(); }
+
+void Connection::set_allocator(TensorAllocator allocator) { state_->allocator = std::move(allocator); }
+
+Result<void> Connection::send(Frame frame) {
+    auto& s = *state_;
+    if (!s.open) return fail(s.closed_error());
+    bool inl = false;
+    auto head = detail::encode_frame_head(frame, s.limits, inl);
+    if (!head) return fail(std::move(head).error().context("sending to " + s.who()));
+    detail::OutFrame out{std::move(*head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
+    bool was_empty = s.queue.empty();
+    s.queue.push_back(std::move(out));
+    if (was_empty) s.wake.cancel();
+    return ok();
+}
+
+Task<Result<Frame>> Connection::receive() {
+    auto s = state_;  // keeps the state alive across the read even if the handle goes away
+    co_return co_await s->read_frame();
+}
+
+void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }
+
+bool Connection::is_open() const noexcept { return state_->open; }
+
+const ConnectionStats& Connection::stats() const noexcept { return state_->stats; }
+
+}  // namespace tensorplay

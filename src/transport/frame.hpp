@@ -1,0 +1,47 @@
+// Frame and handshake encoding for Connection (private): layouts documented in docs/protocol.md.
+#pragma once
+
+#include <tensorplay/transport/connection.hpp>
+
+#include <array>
+#include <span>
+
+namespace tensorplay::detail {
+
+/// Fixed frame header: u16 marker, u8 kind, u8 flags, u32 meta_len, u64 id, u64 payload_len.
+inline constexpr std::size_t kFrameHeaderSize = 24;
+inline constexpr std::uint16_t kFrameMarker = 0x5054;  // "TP"
+/// Fixed hello prefix: u32 magic, u16 version, u16 flags, u32 body_len.
+inline constexpr std::size_t kHelloPrefixSize = 12;
+inline constexpr std::size_t kMaxHelloBody = 64 * 1024;
+/// Payloads up to this size are appended to the frame's head block (one iovec per frame).
+inline constexpr std::size_t kInlinePayloadMax = 1024;
+
+struct FrameHeader {
+    FrameKind kind = FrameKind::request;
+    std::uint32_t meta_len = 0;
+    std::uint64_t id = 0;
+    std::uint64_t payload_len = 0;
+};
+
+struct FrameMeta {
+    std::string name;
+    std::vector<TensorDesc> tensors;
+};
+
+/// Encodes header + meta (+ the payload when it is small: `payload_inline` says so).
+[[nodiscard]] Result<Bytes> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, bool& payload_inline);
+[[nodiscard]] Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+[[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+
+[[nodiscard]] Bytes encode_hello(const HelloInfo& hello, std::uint32_t magic = kProtocolMagic,
+                                 std::uint16_t version = kProtocolVersion);
+struct HelloPrefix {
+    std::uint32_t magic = 0;
+    std::uint16_t version = 0;
+    std::uint32_t body_len = 0;
+};
+[[nodiscard]] Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes);
+[[nodiscard]] Result<HelloInfo> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+
+}  // namespace tensorplay::detail
