@@ -15,9 +15,10 @@ inline constexpr auto use_nothrow = asio::experimental::as_tuple(asio::use_await
 
 namespace awaitable_ops = asio::experimental::awaitable_operators;
 
-template <class... Signatures>
-using Channel = asio::experimental::channel<Signatures...>;
-template <class... Signatures>
-using ConcurrentChannel = asio::experimental::concurrent_channel<Signatures...>;
+// The first parameter is named separately: GCC 12 refuses a pack expanded into the alias's non-pack head.
+template <class First, class... Rest>
+using Channel = asio::experimental::channel<First, Rest...>;
+template <class First, class... Rest>
+using ConcurrentChannel = asio::experimental::concurrent_channel<First, Rest...>;
 
 }  // namespace tensorplay::detail
