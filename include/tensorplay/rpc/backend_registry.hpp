@@ -19,13 +19,22 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
 namespace tensorplay {
 
 /// What an init handler is given (the seed's store=, name=, rank=, world_size=, rpc_backend_options=).
+/// Not an aggregate on purpose: GCC 12 destroys a braced aggregate temporary twice when it is a
+/// coroutine argument inside a co_await expression; with constructors `co_await init_backend(b, {...})` is safe.
 struct BackendInitArgs {
+    BackendInitArgs() = default;
+    BackendInitArgs(std::shared_ptr<Store> store_, std::string name_, int rank_, int world_size_,
+                    std::shared_ptr<RpcBackendOptions> options_)
+        : store(std::move(store_)), name(std::move(name_)), rank(rank_), world_size(world_size_),
+          options(std::move(options_)) {}
+
     std::shared_ptr<Store> store;
     std::string name;
     int rank = -1;
