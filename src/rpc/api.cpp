@@ -1,0 +1,220 @@
+// The top-level RPC API: init_rpc, the process default agent, shutdown, rpc_async / rpc_sync.
+#include <tensorplay/rpc/api.hpp>
+
+#include <tensorplay/core/runtime.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/this_coro.hpp>
+
+#include <future>
+#include <mutex>
+
+namespace tensorplay {
+
+namespace {
+
+// The Python module's process-wide state: one default agent, the executor it runs on, and the
+// runtime init_rpc_blocking started (kept until shutdown_blocking or exit).
+struct ProcessState {
+    std::mutex mutex;
+    std::shared_ptr<RpcAgent> agent;
+    std::optional<Executor> executor;
+    std::unique_ptr<Runtime> runtime;
+
+    ~ProcessState() {
+        agent.reset();  // before the runtime whose threads it may use
+        runtime.reset();
+    }
+};
+
+ProcessState& state() {
+    static ProcessState s;
+    return s;
+}
+
+Error no_default_agent(std::string_view what) {
+    return Error(Errc::invalid_argument,
+                 std::string(what) + ": RPC has not been initialized; call init_rpc first (or use an agent directly)");
+}
+
+struct DefaultAgent {
+    std::shared_ptr<RpcAgent> agent;
+    Executor executor;
+};
+
+Result<DefaultAgent> current(std::string_view what) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    if (!s.agent || !s.executor) return fail(no_default_agent(what));
+    return DefaultAgent{s.agent, *s.executor};
+}
+
+void adopt_as_default(const std::shared_ptr<RpcAgent>& agent, const Executor& ex) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    if (!s.agent) {
+        s.agent = agent;
+        s.executor = ex;
+    }
+}
+
+template <class T>
+Result<T> block_on_executor(const Executor& ex, Task<Result<T>> task, std::string_view what) {
+    if (running_in_executor(ex))
+        return fail(Errc::invalid_argument,
+                    std::string(what) + " was called on one of the agent's I/O threads, where waiting would "
+                                        "deadlock; co_await the asynchronous version there instead");
+    auto promise = std::make_shared<std::promise<Result<T>>>();
+    auto future = promise->get_future();
+    asio::co_spawn(ex, std::move(task), [promise](std::exception_ptr e, Result<T> r) {
+        if (e) r = fail(detail::error_from_exception_ptr(e, "rpc"));
+        promise->set_value(std::move(r));
+    });
+    try {
+        return future.get();
+    } catch (const std::future_error&) {
+        // The executor was destroyed with the call still queued: the handler died unrun.
+        return fail(Errc::shutdown, std::string(what) + ": the agent's executor stopped before the call finished");
+    }
+}
+
+}  // namespace
+
+bool running_in_executor(const Executor& ex) noexcept {
+    if (!ex) return false;
+    if (auto* io = ex.target<asio::io_context::executor_type>()) return io->running_in_this_thread();
+    if (auto* s = ex.target<asio::strand<asio::io_context::executor_type>>())
+        return s->get_inner_executor().running_in_this_thread();
+    if (auto* p = ex.target<asio::thread_pool::executor_type>()) return p->running_in_this_thread();
+    if (auto* s = ex.target<asio::strand<Executor>>()) return running_in_executor(s->get_inner_executor());
+    return false;
+}
+
+std::shared_ptr<RpcAgent> default_agent() {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    return s.agent;
+}
+
+void set_default_agent(std::shared_ptr<RpcAgent> agent, Executor executor) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    s.agent = std::move(agent);
+    if (s.agent) s.executor = std::move(executor);
+    else s.executor.reset();
+}
+
+Task<Result<std::shared_ptr<RpcAgent>>> init_rpc_with_store(std::shared_ptr<Store> store, std::string name,
+                                                            BackendRef backend, int rank, int world_size,
+                                                            std::shared_ptr<RpcBackendOptions> options) {
+    const std::string what = "init_rpc as \"" + name + "\"";
+    if (!store) co_return fail(Errc::invalid_argument, what + ": the store is null");
+    if (!options) {
+        auto made = construct_rpc_backend_options(backend);
+        if (!made) co_return fail(std::move(made).error().context(what));
+        options = std::move(*made);
+    }
+    auto ex = co_await asio::this_coro::executor;
+    auto agent = co_await init_backend(backend, BackendInitArgs(std::move(store), name, rank, world_size, options));
+    if (!agent) co_return fail(std::move(agent).error().context(what));
+    adopt_as_default(*agent, ex);
+    co_return std::move(*agent);
+}
+
+Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef backend, int rank, int world_size,
+                                                 std::shared_ptr<RpcBackendOptions> options) {
+    // TODO(now): rendezvous(options->init_method, rank, world_size) from the store layer.
+    (void)backend;
+    (void)rank;
+    (void)world_size;
+    (void)options;
+    co_return fail(Errc::not_supported, "init_rpc as \"" + name + "\": rendezvous is not built yet");
+}
+
+Result<std::shared_ptr<RpcAgent>> init_rpc_blocking(std::string name, BackendRef backend, int rank, int world_size,
+                                                    std::shared_ptr<RpcBackendOptions> options) {
+    Executor ex;
+    {
+        auto& s = state();
+        std::lock_guard lock(s.mutex);
+        if (!s.runtime) s.runtime = std::make_unique<Runtime>(RuntimeOptions{1, 1});
+        ex = s.runtime->get_executor();
+    }
+    return block_on_executor<std::shared_ptr<RpcAgent>>(
+        ex, init_rpc(std::move(name), std::move(backend), rank, world_size, std::move(options)), "init_rpc_blocking");
+}
+
+Task<Result<void>> shutdown(bool graceful, double timeout_sec) {
+    auto d = current("shutdown");
+    if (!d) co_return fail(std::move(d).error());
+    auto r = co_await d->agent->shutdown(graceful, timeout_sec);
+    {
+        auto& s = state();
+        std::lock_guard lock(s.mutex);
+        if (s.agent == d->agent) {
+            s.agent.reset();
+            s.executor.reset();
+        }
+    }
+    co_return r;
+}
+
+Result<void> shutdown_blocking(bool graceful, double timeout_sec) {
+    auto d = current("shutdown_blocking");
+    if (!d) return fail(std::move(d).error());
+    auto r = block_on_executor<void>(d->executor, shutdown(graceful, timeout_sec), "shutdown_blocking");
+    if (running_in_executor(d->executor)) return r;
+    std::unique_ptr<Runtime> runtime;
+    {
+        auto& s = state();
+        std::lock_guard lock(s.mutex);
+        if (!s.agent) runtime = std::move(s.runtime);
+    }
+    d->agent.reset();
+    if (runtime) {
+        runtime->stop();
+        runtime->join();
+    }
+    return r;
+}
+
+Result<WorkerInfo> get_worker_info() {
+    auto d = current("get_worker_info");
+    if (!d) return fail(std::move(d).error());
+    return d->agent->get_worker_info();
+}
+
+Result<WorkerInfo> get_worker_info(std::string_view name) {
+    auto d = current("get_worker_info");
+    if (!d) return fail(std::move(d).error());
+    return d->agent->get_worker_info(name);
+}
+
+Result<std::vector<WorkerInfo>> get_worker_infos() {
+    auto d = current("get_worker_infos");
+    if (!d) return fail(std::move(d).error());
+    return d->agent->get_worker_infos();
+}
+
+Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto d = current("rpc_async");
+    if (!d) co_return fail(std::move(d).error());
+    co_return co_await d->agent->rpc_async(std::move(to), std::move(handler), std::move(message), timeout_sec);
+}
+
+Result<Message> rpc_sync(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto d = current("rpc_sync");
+    if (!d) return fail(std::move(d).error());
+    return rpc_sync(*d->agent, d->executor, std::move(to), std::move(handler), std::move(message), timeout_sec);
+}
+
+Result<Message> rpc_sync(RpcAgent& agent, Executor executor, std::string to, std::string handler, Message message,
+                         double timeout_sec) {
+    return block_on_executor<Message>(
+        executor, agent.rpc_async(std::move(to), std::move(handler), std::move(message), timeout_sec), "rpc_sync");
+}
+
+}  // namespace tensorplay
