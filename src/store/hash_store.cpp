@@ -102,19 +102,23 @@ struct WaiterGuard {
 };
 
 // Waits (no deadline) until each of `keys` has been written or exists; cancellable.
-Task<Result<void>> wait_keys(std::shared_ptr<State> s, std::vector<std::string> keys) {
-    auto distinct = detail::unique_keys(keys);
+// `keys` is a reference: the only caller, wait_until, awaits this coroutine to its end.
+Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::string>& keys) {
     auto channel = std::make_shared<WakeChannel>(co_await asio::this_coro::executor, 1);
     std::uint64_t id = 0;
     {
         std::lock_guard lock(s->mu);
         if (s->closed) co_return fail(Errc::shutdown, "the HashStore was destroyed");
-        std::vector<std::string> missing;
-        for (auto& k : distinct)
-            if (!s->data.count(k)) missing.push_back(std::move(k));
-        if (missing.empty()) co_return ok();
         id = s->next_id++;
-        for (const auto& k : missing) s->waiting_on[k].push_back(id);
+        std::vector<std::string> missing;
+        for (const auto& k : keys) {
+            if (s->data.count(k)) continue;
+            auto& ids = s->waiting_on[k];
+            if (!ids.empty() && ids.back() == id) continue;  // a duplicate key in this wait
+            ids.push_back(id);
+            missing.push_back(k);
+        }
+        if (missing.empty()) co_return ok();
         auto n = missing.size();
         s->waiters.emplace(id, State::Waiter{n, std::move(missing), channel});
     }
@@ -278,18 +282,19 @@ Task<Result<std::vector<Bytes>>> HashStore::multi_get(std::vector<std::string> k
     const auto total = timeout();
     const auto deadline = deadline_of(total);
     for (;;) {
+        std::vector<std::string> missing;
         {
             std::lock_guard lock(s->mu);
-            std::vector<Bytes> out;
-            out.reserve(keys.size());
-            for (const auto& k : keys) {
-                auto it = s->data.find(k);
-                if (it == s->data.end()) break;
-                out.push_back(it->second);
+            for (const auto& k : keys)
+                if (!s->data.count(k)) missing.push_back(k);
+            if (missing.empty()) {
+                std::vector<Bytes> out;
+                out.reserve(keys.size());
+                for (const auto& k : keys) out.push_back(s->data.find(k)->second);
+                co_return out;
             }
-            if (out.size() == keys.size()) co_return out;
         }
-        auto r = co_await wait_until(s, keys, deadline, total, "multi_get");
+        auto r = co_await wait_until(s, std::move(missing), deadline, total, "multi_get");
         if (!r) co_return fail(std::move(r).error());
     }
 }

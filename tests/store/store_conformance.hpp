@@ -102,9 +102,10 @@ inline Task<void> wait_and_check(std::shared_ptr<Store> s) {
     auto w = co_await s->wait(keys("x", "y", "z"), 50ms);
     REQUIRE_FALSE(w);
     REQUIRE(w.error().code() == Errc::timeout);
-    REQUIRE(mentions(w.error(), "'y'"));
-    REQUIRE(mentions(w.error(), "'z'"));
-    REQUIRE_FALSE(mentions(w.error(), "'x'"));  // only the missing keys are named
+    // only the missing keys are named, quoted (a prefixing store may show them as 'prefix/y')
+    REQUIRE(mentions(w.error(), "y'"));
+    REQUIRE(mentions(w.error(), "z'"));
+    REQUIRE_FALSE(mentions(w.error(), "x'"));
 }
 
 inline Task<void> wait_is_woken_by_each_writer(std::shared_ptr<Store> s) {
