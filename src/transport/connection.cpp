@@ -17,7 +17,12 @@
 #include <asio/this_coro.hpp>
 #include <asio/write.hpp>
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 
 namespace tensorplay {
@@ -193,7 +198,41 @@ struct ConnectionState {
 
 namespace {
 
+/// One non-blocking sendmsg of as many buffers as one call takes (IOV_MAX). Writing before
+/// handing the rest to the event loop saves a submission round trip on the latency path.
+std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::const_buffer>& bufs,
+                          std::vector<iovec>& iov, std::error_code& ec) {
+    iov.clear();
+    for (const auto& b : bufs) {
+        if (iov.size() == IOV_MAX) break;
+        iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = iov.size();
+    for (;;) {
+        ssize_t n = ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) return static_cast<std::size_t>(n);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        ec = std::error_code(errno, asio::error::get_system_category());
+        return 0;
+    }
+}
+
+/// Drops the first `n` bytes of a buffer sequence.
+void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
+    std::size_t i = 0;
+    while (i < bufs.size() && n >= bufs[i].size()) {
+        n -= bufs[i].size();
+        ++i;
+    }
+    bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+    if (n > 0 && !bufs.empty()) bufs[0] += n;
+}
+
 Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
+    std::vector<iovec> iov;
     while (s->open) {
         if (s->queue.empty()) {
             auto [ec] = co_await s->wake.async_wait(use_nothrow);
@@ -210,7 +249,14 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
         }
         ++s->stats.writes;
         s->stats.frames_sent += s->batch.size();
-        auto [ec, n] = co_await asio::async_write(s->socket, s->bufs, use_nothrow);
+        std::error_code ec;
+        const std::size_t total = asio::buffer_size(s->bufs);
+        const std::size_t n = try_write_now(s->socket, s->bufs, iov, ec);
+        if (!ec && n < total) {
+            consume(s->bufs, n);
+            auto [aec, m] = co_await asio::async_write(s->socket, s->bufs, use_nothrow);
+            ec = aec;
+        }
         s->batch.clear();
         if (ec) {
             if (s->open) s->close(from_error_code(ec, "writing to " + s->who()).on_worker(s->peer.name));

@@ -1,0 +1,155 @@
+// Private: the native agent behind the TENSORPIPE backend (framed TCP connections, handlers, calls).
+#pragma once
+
+#include <tensorplay/device/device_map.hpp>
+#include <tensorplay/rpc/agent.hpp>
+#include <tensorplay/rpc/backend_registry.hpp>
+#include <tensorplay/rpc/options.hpp>
+#include <tensorplay/store/store.hpp>
+#include <tensorplay/transport/connection.hpp>
+
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// Extra knobs of the native agent that TensorPipeRpcBackendOptions does not carry (tests use them).
+struct NativeAgentTuning {
+    ConnectionLimits limits;
+    /// Bound on every store wait during init and graceful shutdown (0: the store's timeout).
+    Duration init_timeout{0};
+};
+
+/// A call waiting for its reply; lives on the caller's coroutine frame.
+struct PendingCall {
+    explicit PendingCall(const Executor& ex) : timer(ex) {}
+    asio::steady_timer timer;
+    std::optional<Result<Message>> result;
+    const Connection* conn = nullptr;  ///< the connection the request went out on
+};
+
+/// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
+struct PeerLink {
+    WorkerInfo info;
+    std::string host;
+    std::uint16_t port = 0;
+    std::shared_ptr<Connection> conn;
+    std::shared_ptr<asio::steady_timer> connecting;  ///< set while a connect runs; cancelled when done
+    std::unordered_map<std::uint64_t, PendingCall*> pending;
+    std::optional<Error> last_connect_error;
+    DeviceMap map;      ///< my device -> its device (device_maps[to])
+    DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
+};
+
+struct HandlerEntry {
+    RpcHandler coro;
+    BlockingRpcHandler blocking;
+    int running = 0;
+    std::shared_ptr<asio::steady_timer> drained;  ///< set by unregister; cancelled when running hits 0
+};
+
+/// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
+/// Coroutines the agent starts hold a shared_ptr to it, so it outlives them.
+struct AgentCore : std::enable_shared_from_this<AgentCore> {
+    enum class State { starting, running, draining, closed };
+
+    AgentCore(Executor ex, BackendInitArgs args, NativeAgentTuning tuning);
+    ~AgentCore();
+
+    Executor ex;
+    std::shared_ptr<Store> store;
+    std::shared_ptr<RpcBackendOptions> options;
+    const TensorPipeRpcBackendOptions* tp_options = nullptr;
+    NativeAgentTuning tuning;
+    WorkerInfo self;
+    int world_size = 0;
+    State state = State::starting;
+
+    std::vector<WorkerInfo> workers;  // by rank
+    std::map<std::string, int, std::less<>> rank_of;
+    std::vector<PeerLink> peers;      // by rank; the own entry is unused
+
+    asio::ip::tcp::acceptor acceptor;
+    std::string host;
+    std::uint16_t port = 0;
+    std::vector<std::weak_ptr<Connection>> inbound;
+
+    std::mutex handlers_mutex;
+    std::unordered_map<std::string, std::shared_ptr<HandlerEntry>> handlers;
+    std::mutex pool_mutex;
+    std::unique_ptr<asio::thread_pool> pool;
+
+    std::uint64_t next_id = 1;
+    std::size_t outstanding = 0;                  // calls of this worker awaiting replies
+    std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
+    int shutdown_round = 0;
+
+    // ---- native_agent_init.cpp ----
+    [[nodiscard]] Task<Result<void>> start();
+    [[nodiscard]] Task<Result<void>> shutdown(bool graceful, double timeout_sec);
+    /// Closes everything local: pending calls end with `reason`, connections and the listener close.
+    void close_local(const Error& reason);
+    [[nodiscard]] HelloInfo hello() const;
+    [[nodiscard]] Result<void> listen();
+    [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout);
+
+    // ---- native_agent_calls.cpp ----
+    [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
+    [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
+    [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
+    [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
+    void adopt_connection(std::shared_ptr<Connection> conn, int rank);
+    void fail_pending(PeerLink& peer, const Connection* conn, const Error& reason);
+    [[nodiscard]] Task<Result<void>> unregister(std::string name);
+    void call_finished();
+    [[nodiscard]] asio::thread_pool& worker_pool();
+};
+
+/// The native agent: a thin RpcAgent facade over an AgentCore. Thread-safe: members hop to the
+/// core's executor when called from elsewhere.
+class NativeAgent final : public RpcAgent {
+public:
+    explicit NativeAgent(std::shared_ptr<AgentCore> core) : core_(std::move(core)) {}
+    ~NativeAgent() override;
+
+    /// Creates and starts an agent on the awaiting coroutine's executor (which must be a strand or
+    /// single-threaded): listens, publishes its address, checks everyone's device maps, connects
+    /// to every worker and waits until every worker has (a ready barrier).
+    [[nodiscard]] static Task<Result<std::shared_ptr<NativeAgent>>> create(BackendInitArgs args,
+                                                                           NativeAgentTuning tuning = {});
+
+    [[nodiscard]] const WorkerInfo& get_worker_info() const override;
+    [[nodiscard]] Result<WorkerInfo> get_worker_info(std::string_view name) const override;
+    [[nodiscard]] std::vector<WorkerInfo> get_worker_infos() const override;
+    [[nodiscard]] const RpcBackendOptions& get_backend_options() const override;
+    [[nodiscard]] Result<void> register_handler(std::string name, RpcHandler handler) override;
+    [[nodiscard]] Result<void> register_blocking_handler(std::string name, BlockingRpcHandler handler) override;
+    [[nodiscard]] Task<Result<void>> unregister_handler(std::string name) override;
+    [[nodiscard]] Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message,
+                                                  double timeout_sec = -1.0) override;
+    [[nodiscard]] Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = 0) override;
+
+    /// The address this agent listens on ("host:port").
+    [[nodiscard]] std::string listen_address() const;
+    /// Test hook: the open outgoing connection to `rank`, if any.
+    [[nodiscard]] std::shared_ptr<Connection> connection_to(int rank) const;
+
+private:
+    std::shared_ptr<AgentCore> core_;
+};
+
+/// Error frame payload: u16 code, str32 worker, str32 message.
+[[nodiscard]] Bytes encode_error(const Error& e);
+[[nodiscard]] Error decode_error(std::span<const std::uint8_t> payload, const std::string& from);
+
+}  // namespace tensorplay::detail

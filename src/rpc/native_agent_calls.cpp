@@ -1,0 +1,442 @@
+// Native agent, call path: outgoing calls and their replies, serving requests, handlers, the facade.
+#include "rpc/native_agent.hpp"
+
+#include <tensorplay/core/log.hpp>
+#include <tensorplay/core/runtime.hpp>
+#include <tensorplay/core/wire.hpp>
+#include <tensorplay/device/backend.hpp>
+
+#include "core/asio_compat.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+namespace tensorplay::detail {
+
+Bytes encode_error(const Error& e) {
+    WireWriter w;
+    w.u16(static_cast<std::uint16_t>(e.code())).str32(e.worker()).str32(e.message());
+    return std::move(w).take();
+}
+
+Error decode_error(std::span<const std::uint8_t> payload, const std::string& from) {
+    WireReader r(payload);
+    auto code = r.u16();
+    auto worker = r.str32(4096, "worker name");
+    auto message = r.str32(1u << 20, "error message");
+    if (!r.finish() || code > static_cast<std::uint16_t>(Errc::internal))
+        return Error(Errc::protocol_error, "worker \"" + from + "\" sent a malformed error reply", from);
+    return Error(static_cast<Errc>(code), std::string(message), worker.empty() ? from : std::string(worker));
+}
+
+namespace {
+
+std::string seconds_str(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g s", s);
+    return buf;
+}
+
+void log_task_error(std::exception_ptr e) {
+    if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
+}
+
+/// Removes a call from its peer's pending map when the caller's frame goes away early.
+struct PendingGuard {
+    PeerLink* peer;
+    std::uint64_t id;
+    ~PendingGuard() {
+        if (peer) peer->pending.erase(id);
+    }
+};
+
+Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Message message) {
+    try {
+        co_return fn(caller, std::move(message));
+    } catch (...) {
+        co_return fail(error_from_current_exception("blocking handler"));
+    }
+}
+
+void on_reply(PeerLink& peer, Frame f) {
+    auto it = peer.pending.find(f.id);
+    if (it == peer.pending.end()) {
+        // The call timed out or was cancelled: its late reply is dropped.
+        log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(f.id) + " from worker \"" + peer.info.name + "\"");
+        return;
+    }
+    PendingCall* pc = it->second;
+    peer.pending.erase(it);
+    if (f.kind == FrameKind::error) {
+        pc->result = fail(decode_error(f.payload, peer.info.name));
+    } else if (f.alloc_error) {
+        pc->result = fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\""));
+    } else {
+        pc->result = Message{std::move(f.payload), std::move(f.tensors)};
+    }
+    pc->timer.cancel();
+}
+
+Task<void> serve(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame req) {
+    WorkerInfo caller{conn->peer().name, conn->peer().rank};
+    Frame resp;
+    resp.id = req.id;
+    // No co_await inside a conditional expression: GCC 12 destroys its temporaries twice.
+    Result<Message> r = fail(Errc::internal, "unset");
+    if (req.alloc_error) {
+        r = fail(std::move(*req.alloc_error));
+    } else {
+        Message request;
+        request.payload = std::move(req.payload);
+        request.tensors = std::move(req.tensors);
+        r = co_await core->run_handler(caller, std::move(req.name), std::move(request));
+    }
+    if (r) {
+        // Reply tensors go back through the reverse of the caller's map.
+        auto it = core->rank_of.find(caller.name);
+        const DeviceMap* reverse = it != core->rank_of.end() ? &core->peers[it->second].reverse : nullptr;
+        for (std::size_t i = 0; i < r->tensors.size() && r; ++i) {
+            const Tensor& t = r->tensors[i];
+            if (!t.defined()) {
+                r = fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", core->self.name);
+                break;
+            }
+            Device d = t.device();
+            if (reverse) {
+                if (auto m = reverse->find(d); m != reverse->end()) {
+                    resp.targets.push_back(m->second);
+                    continue;
+                }
+            }
+            if (d.is_cpu()) {
+                resp.targets.push_back(Device::cpu());
+                continue;
+            }
+            r = fail(Errc::device_error,
+                     "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which has no device map back to worker \"" +
+                         caller.name + "\" (worker \"" + caller.name + "\" maps none of its devices to it)",
+                     core->self.name);
+        }
+    }
+    if (r) {
+        resp.kind = FrameKind::response;
+        resp.payload = std::move(r->payload);
+        resp.tensors = std::move(r->tensors);
+    } else {
+        resp.kind = FrameKind::error;
+        resp.targets.clear();
+        resp.payload = encode_error(r.error());
+    }
+    if (auto s = conn->send(std::move(resp)); !s)
+        log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + s.error().to_string());
+}
+
+Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, int rank) {
+    for (;;) {
+        auto f = co_await conn->receive();
+        if (!f) {
+            if (rank >= 0) {
+                auto& peer = core->peers[rank];
+                if (peer.conn == conn) peer.conn.reset();
+                Errc code = core->state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
+                core->fail_pending(peer, conn.get(),
+                                   Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + f.error().message(),
+                                         peer.info.name));
+            }
+            if (core->state != AgentCore::State::closed && f.error().code() != Errc::connection_lost)
+                log(LogLevel::warn, "rpc", "closing the connection with " + conn->describe() + ": " + f.error().to_string());
+            conn->close();
+            co_return;
+        }
+        if (f->kind == FrameKind::request) {
+            asio::co_spawn(core->ex, serve(core, conn, std::move(*f)), log_task_error);
+        } else if (rank >= 0) {
+            on_reply(core->peers[rank], std::move(*f));
+        } else {
+            conn->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request"));
+        }
+    }
+}
+
+}  // namespace
+
+void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
+    conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
+    if (rank >= 0) {
+        peers[rank].conn = conn;
+    } else {
+        std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
+        inbound.push_back(conn);
+    }
+    asio::co_spawn(ex, read_loop(shared_from_this(), std::move(conn), rank), log_task_error);
+}
+
+Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
+    auto t = empty(desc.target, desc.dtype, desc.shape);
+    if (!t) return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+                                                      "\": " + t.error().message(),
+                              self.name));
+    return t;
+}
+
+void AgentCore::fail_pending(PeerLink& peer, const Connection* conn, const Error& reason) {
+    for (auto it = peer.pending.begin(); it != peer.pending.end();) {
+        if (conn == nullptr || it->second->conn == conn) {
+            it->second->result = fail(reason);
+            it->second->timer.cancel();
+            it = peer.pending.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+void AgentCore::call_finished() {
+    if (--outstanding == 0 && idle) idle->cancel();
+}
+
+asio::thread_pool& AgentCore::worker_pool() {
+    std::lock_guard lock(pool_mutex);
+    if (!pool) {
+        int n = tp_options ? tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
+        pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(n > 0 ? n : 1));
+    }
+    return *pool;
+}
+
+Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, Duration timeout) {
+    auto keep = shared_from_this();
+    PeerLink& p = peers[rank];
+    for (;;) {
+        if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+        if (p.conn && p.conn->is_open()) co_return p.conn;
+        if (!p.connecting) break;
+        auto wait = p.connecting;
+        co_await wait->async_wait(use_nothrow);
+        if (!(p.conn && p.conn->is_open()) && p.last_connect_error) co_return fail(*p.last_connect_error);
+    }
+    p.connecting = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+    auto limits = tuning.limits;
+    if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
+    auto c = co_await Connection::connect(p.host, p.port, hello(), limits);
+    auto done = std::move(p.connecting);
+    p.connecting.reset();
+    done->cancel();
+    if (!c) {
+        p.last_connect_error = Error(c.error().code() == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
+                                     "cannot reach worker \"" + p.info.name + "\" at " + p.host + ":" + std::to_string(p.port) +
+                                         ": " + c.error().message(),
+                                     p.info.name);
+        co_return fail(*p.last_connect_error);
+    }
+    p.last_connect_error.reset();
+    if (state == State::closed) {
+        (*c)->close();
+        co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+    }
+    if ((*c)->peer().name != p.info.name) {
+        (*c)->close();
+        co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" at " + p.host + ":" +
+                                                 std::to_string(p.port) + ", found \"" + (*c)->peer().name + "\"");
+    }
+    adopt_connection(*c, rank);
+    co_return std::move(*c);
+}
+
+Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto keep = shared_from_this();
+    if (state == State::closed || state == State::draining)
+        co_return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
+    auto it = rank_of.find(to);
+    if (it == rank_of.end()) {
+        std::string known;
+        for (auto& w : workers) known += (known.empty() ? "" : ", ") + w.name;
+        co_return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
+    }
+    double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    Duration d = secs > 0 ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs)) : Duration::zero();
+    const int rank = it->second;
+
+    if (rank == self.id) {  // to self: no socket, but the same handler path
+        ++outstanding;
+        auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), d);
+        call_finished();
+        if (!r && r.error().code() == Errc::timeout)
+            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
+        co_return r;
+    }
+
+    PeerLink& peer = peers[rank];
+    Frame f;
+    f.kind = FrameKind::request;
+    f.name = handler;
+    f.targets.reserve(message.tensors.size());
+    for (std::size_t i = 0; i < message.tensors.size(); ++i) {
+        const Tensor& t = message.tensors[i];
+        if (!t.defined()) co_return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
+        Device dev = t.device();
+        if (auto m = peer.map.find(dev); m != peer.map.end()) {
+            f.targets.push_back(m->second);
+        } else if (dev.is_cpu()) {
+            f.targets.push_back(Device::cpu());
+        } else {
+            co_return fail(Errc::device_error, "rpc to worker \"" + to + "\": tensor " + std::to_string(i) + " is on " +
+                                                   dev.str() + ", which has no device map from worker \"" + self.name +
+                                                   "\" to worker \"" + to + "\" (add one with set_device_map)");
+        }
+    }
+    const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
+
+    std::shared_ptr<Connection> conn = peer.conn;
+    if (!conn || !conn->is_open()) {
+        auto c = co_await ensure_connected(rank, d);
+        if (!c) co_return fail(std::move(c).error());
+        conn = std::move(*c);
+    }
+    const std::uint64_t id = next_id++;
+    f.id = id;
+    f.payload = std::move(message.payload);
+    f.tensors = std::move(message.tensors);
+    if (auto s = conn->send(std::move(f)); !s) {
+        auto e = std::move(s).error();
+        co_return fail(e.code() == Errc::invalid_argument ? std::move(e)
+                                                          : Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to));
+    }
+    PendingCall pc(ex);
+    pc.conn = conn.get();
+    pc.timer.expires_at(deadline);
+    peer.pending.emplace(id, &pc);
+    PendingGuard guard{&peer, id};
+    ++outstanding;
+    auto [ec] = co_await pc.timer.async_wait(use_nothrow);
+    call_finished();
+    if (pc.result) {
+        guard.peer = nullptr;
+        co_return std::move(*pc.result);
+    }
+    if (!ec)
+        co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" (handler \"" + handler + "\") timed out after " +
+                                                seconds_str(secs),
+                             to));
+    co_return fail(Errc::cancelled, "rpc to worker \"" + to + "\" was cancelled while waiting for its reply");
+}
+
+Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
+    std::shared_ptr<HandlerEntry> h;
+    {
+        std::lock_guard lock(handlers_mutex);
+        if (auto it = handlers.find(name); it != handlers.end()) h = it->second;
+    }
+    if (!h) co_return fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
+                                 self.name));
+    ++h->running;
+    Result<Message> r = fail(Errc::internal, "handler did not run");
+    try {
+        if (h->coro) {
+            r = co_await h->coro(caller, std::move(message));
+        } else {
+            r = co_await asio::co_spawn(worker_pool(), run_blocking(h->blocking, caller, std::move(message)), asio::use_awaitable);
+        }
+    } catch (...) {
+        r = fail(error_from_current_exception("handler \"" + name + "\""));
+    }
+    if (--h->running == 0 && h->drained) h->drained->cancel();
+    if (!r)
+        co_return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
+    co_return r;
+}
+
+Task<Result<void>> AgentCore::unregister(std::string name) {
+    std::shared_ptr<HandlerEntry> h;
+    {
+        std::lock_guard lock(handlers_mutex);
+        auto it = handlers.find(name);
+        if (it == handlers.end())
+            co_return fail(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"");
+        h = std::move(it->second);
+        handlers.erase(it);
+    }
+    while (h->running > 0) {
+        h->drained = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+        auto t = h->drained;
+        co_await t->async_wait(use_nothrow);
+    }
+    co_return ok();
+}
+
+// ---- NativeAgent facade ----
+
+namespace {
+/// Runs `t` on the core's executor: in place when already there, else as a child coroutine.
+template <class T>
+Task<Result<T>> on_core(std::shared_ptr<AgentCore> core, Task<Result<T>> t) {
+    auto current = co_await asio::this_coro::executor;
+    if (current == core->ex) co_return co_await std::move(t);
+    try {
+        co_return co_await asio::co_spawn(core->ex, std::move(t), asio::use_awaitable);
+    } catch (...) {
+        co_return fail(error_from_current_exception("agent"));
+    }
+}
+}  // namespace
+
+const WorkerInfo& NativeAgent::get_worker_info() const { return core_->self; }
+
+Result<WorkerInfo> NativeAgent::get_worker_info(std::string_view name) const {
+    auto it = core_->rank_of.find(name);
+    if (it == core_->rank_of.end()) return fail(Errc::invalid_argument, "unknown worker \"" + std::string(name) + "\"");
+    return core_->workers[it->second];
+}
+
+std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->workers; }
+
+const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
+
+Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
+    if (!handler) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
+    std::lock_guard lock(core_->handlers_mutex);
+    auto [it, inserted] = core_->handlers.try_emplace(name, nullptr);
+    if (!inserted)
+        return fail(Errc::already_registered, "a handler named \"" + name + "\" is already registered on worker \"" +
+                                                  core_->self.name + "\"");
+    it->second = std::make_shared<HandlerEntry>();
+    it->second->coro = std::move(handler);
+    return ok();
+}
+
+Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
+    if (!handler) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
+    std::lock_guard lock(core_->handlers_mutex);
+    auto [it, inserted] = core_->handlers.try_emplace(name, nullptr);
+    if (!inserted)
+        return fail(Errc::already_registered, "a handler named \"" + name + "\" is already registered on worker \"" +
+                                                  core_->self.name + "\"");
+    it->second = std::make_shared<HandlerEntry>();
+    it->second->blocking = std::move(handler);
+    return ok();
+}
+
+Task<Result<void>> NativeAgent::unregister_handler(std::string name) {
+    return on_core(core_, core_->unregister(std::move(name)));
+}
+
+Task<Result<Message>> NativeAgent::rpc_async(std::string to, std::string handler, Message message, double timeout_sec) {
+    return on_core(core_, core_->call(std::move(to), std::move(handler), std::move(message), timeout_sec));
+}
+
+Task<Result<void>> NativeAgent::shutdown(bool graceful, double timeout_sec) {
+    return on_core(core_, core_->shutdown(graceful, timeout_sec));
+}
+
+std::string NativeAgent::listen_address() const { return core_->host + ":" + std::to_string(core_->port); }
+
+std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
+    if (rank < 0 || rank >= static_cast<int>(core_->peers.size())) return nullptr;
+    return core_->peers[rank].conn;
+}
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,427 @@
+// Native agent, lifecycle: listen, publish and gather addresses, check device maps, connect,
+// ready barrier; graceful and local shutdown; registration with the TENSORPIPE backend.
+#include "rpc/native_agent.hpp"
+
+#include <tensorplay/core/log.hpp>
+#include <tensorplay/core/runtime.hpp>
+#include <tensorplay/core/wire.hpp>
+#include <tensorplay/device/backend.hpp>
+
+#include "core/asio_compat.hpp"
+#include "rpc/native_agent_factory.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/this_coro.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace tensorplay::detail {
+
+namespace {
+
+constexpr std::string_view kKeyPrefix = "native_agent/";
+
+void log_task_error(std::exception_ptr e) {
+    if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
+}
+
+Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
+
+/// The address of interface `ifname` (IPv4 first), as TensorPipe's TP_SOCKET_IFNAME does.
+Result<std::string> interface_address(const std::string& ifname) {
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) != 0) return fail(Errc::io_error, "getifaddrs failed: " + std::string(std::strerror(errno)));
+    std::string found;
+    for (ifaddrs* a = list; a; a = a->ifa_next) {
+        if (!a->ifa_addr || ifname != a->ifa_name) continue;
+        char buf[INET6_ADDRSTRLEN] = {};
+        if (a->ifa_addr->sa_family == AF_INET) {
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+            found = buf;
+            break;
+        }
+        if (a->ifa_addr->sa_family == AF_INET6 && found.empty()) {
+            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof buf);
+            found = buf;
+        }
+    }
+    freeifaddrs(list);
+    if (found.empty())
+        return fail(Errc::invalid_argument, "TP_SOCKET_IFNAME=" + ifname + ": no such interface with an IP address");
+    return found;
+}
+
+/// The address of this host's name, or 127.0.0.1 with a warning.
+std::string hostname_address() {
+    char name[256] = {};
+    if (gethostname(name, sizeof name - 1) == 0) {
+        addrinfo hints{};
+        hints.ai_family = AF_INET;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* res = nullptr;
+        if (getaddrinfo(name, nullptr, &hints, &res) == 0 && res) {
+            char buf[INET_ADDRSTRLEN] = {};
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+            freeaddrinfo(res);
+            return buf;
+        }
+    }
+    log(LogLevel::warn, "rpc",
+        std::string("failed to look up the IP address for the hostname \"") + name + "\", defaulting to 127.0.0.1");
+    return "127.0.0.1";
+}
+
+struct PeerRecord {
+    std::string name;
+    int rank = -1;
+    std::string host;
+    std::uint16_t port = 0;
+    int device_count = 0;
+    DeviceMaps maps;
+    std::vector<Device> devices;
+};
+
+void put_device(WireWriter& w, Device d) {
+    w.u8(static_cast<std::uint8_t>(d.type)).i32(d.index);
+}
+
+Device get_device(WireReader& r) {
+    auto t = r.u8();
+    auto i = r.i32();
+    if (t > 1) r.set_error(Errc::protocol_error, "unknown device type in a worker record");
+    return Device{static_cast<DeviceType>(t), i};
+}
+
+Bytes encode_record(const PeerRecord& p) {
+    WireWriter w;
+    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).str32(p.host).u16(p.port).i32(p.device_count);
+    w.u32(static_cast<std::uint32_t>(p.maps.size()));
+    for (auto& [to, map] : p.maps) {
+        w.str32(to).u32(static_cast<std::uint32_t>(map.size()));
+        for (auto& [a, b] : map) {
+            put_device(w, a);
+            put_device(w, b);
+        }
+    }
+    w.u32(static_cast<std::uint32_t>(p.devices.size()));
+    for (auto& d : p.devices) put_device(w, d);
+    return std::move(w).take();
+}
+
+Result<PeerRecord> decode_record(const Bytes& b) {
+    WireReader r(b);
+    PeerRecord p;
+    auto version = r.u16();
+    p.name = std::string(r.str32(1024, "worker name"));
+    p.rank = r.i32();
+    p.host = std::string(r.str32(1024, "host"));
+    p.port = r.u16();
+    p.device_count = r.i32();
+    auto nmaps = r.u32();
+    for (std::uint32_t i = 0; i < nmaps && !r.failed() && i < 65536; ++i) {
+        std::string to(r.str32(1024, "worker name"));
+        auto n = r.u32();
+        DeviceMap m;
+        for (std::uint32_t k = 0; k < n && !r.failed() && k < 4096; ++k) {
+            Device a = get_device(r);
+            Device c = get_device(r);
+            m.emplace(a, c);
+        }
+        p.maps.emplace(std::move(to), std::move(m));
+    }
+    auto nd = r.u32();
+    for (std::uint32_t i = 0; i < nd && !r.failed() && i < 4096; ++i) p.devices.push_back(get_device(r));
+    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a worker record from the store"));
+    if (version != kProtocolVersion)
+        return fail(Errc::protocol_error, "worker \"" + p.name + "\" runs agent protocol version " + std::to_string(version) +
+                                              ", this worker runs version " + std::to_string(kProtocolVersion));
+    return p;
+}
+
+int local_cuda_device_count() {
+    auto b = backend_for(Device::cuda(0));
+    return b ? (*b)->device_count() : 0;
+}
+
+Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket socket) {
+    auto c = co_await Connection::accept(std::move(socket), core->hello(), core->tuning.limits);
+    if (!c) {
+        if (core->state != AgentCore::State::closed)
+            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" rejected a connection: " + c.error().to_string());
+        co_return;
+    }
+    if (core->state == AgentCore::State::closed) {
+        (*c)->close();
+        co_return;
+    }
+    core->adopt_connection(std::move(*c), -1);
+}
+
+Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
+    for (;;) {
+        auto [ec, socket] = co_await core->acceptor.async_accept(use_nothrow);
+        if (core->state == AgentCore::State::closed || !core->acceptor.is_open()) co_return;
+        if (ec) {
+            log(LogLevel::warn, "rpc", "accept failed on worker \"" + core->self.name + "\": " + ec.message());
+            asio::steady_timer pause(core->ex, std::chrono::milliseconds(10));
+            co_await pause.async_wait(use_nothrow);
+            continue;
+        }
+        asio::co_spawn(core->ex, accept_inbound(core, std::move(socket)), log_task_error);
+    }
+}
+
+}  // namespace
+
+AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
+    : ex(std::move(executor)),
+      store(std::move(args.store)),
+      options(std::move(args.options)),
+      tuning(std::move(t)),
+      self{std::move(args.name), args.rank},
+      world_size(args.world_size),
+      acceptor(ex) {
+    if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
+    tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
+}
+
+AgentCore::~AgentCore() {
+    std::error_code ec;
+    acceptor.close(ec);
+}
+
+HelloInfo AgentCore::hello() const {
+    HelloInfo h;
+    h.name = self.name;
+    h.rank = self.id;
+    return h;
+}
+
+Result<void> AgentCore::listen() {
+    std::string want;
+    std::uint16_t want_port = 0;
+    if (tp_options && !tp_options->listen_address.empty()) {
+        want = tp_options->listen_address;
+        if (want.rfind("unix:", 0) == 0)
+            return fail(Errc::not_supported, "listen_address \"" + want + "\": Unix sockets are not supported by this agent yet");
+        if (auto colon = want.rfind(':'); colon != std::string::npos && want.find(':') == colon) {
+            auto port_text = want.substr(colon + 1);
+            want = want.substr(0, colon);
+            char* end = nullptr;
+            long p = std::strtol(port_text.c_str(), &end, 10);
+            if (port_text.empty() || *end != '\0' || p < 0 || p > 65535)
+                return fail(Errc::invalid_argument, "listen_address has a bad port \"" + port_text + "\"");
+            want_port = static_cast<std::uint16_t>(p);
+        }
+    } else if (const char* ifname = std::getenv("TP_SOCKET_IFNAME"); ifname && *ifname) {
+        auto a = interface_address(ifname);
+        if (!a) return fail(a.error());
+        want = *a;
+    } else {
+        want = hostname_address();
+    }
+    std::error_code ec;
+    auto addr = asio::ip::make_address(want, ec);
+    if (ec) return fail(Errc::invalid_argument, "cannot listen on \"" + want + "\": not an IP address");
+    asio::ip::tcp::endpoint ep(addr, want_port);
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor.bind(ep, ec);
+    if (ec && addr != asio::ip::make_address("127.0.0.1") && !(tp_options && !tp_options->listen_address.empty())) {
+        log(LogLevel::warn, "rpc", "cannot listen on " + want + " (" + ec.message() + "), defaulting to 127.0.0.1");
+        std::error_code ignored;
+        acceptor.close(ignored);
+        ep = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
+        acceptor.open(ep.protocol(), ec);
+        if (!ec) acceptor.bind(ep, ec);
+    }
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return fail(from_error_code(ec, "listening on " + want));
+    auto local = acceptor.local_endpoint(ec);
+    host = local.address().to_string();
+    port = local.port();
+    return ok();
+}
+
+Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout) {
+    const std::string base = std::string(kKeyPrefix) + name + "/";
+    if (auto r = co_await store->set(base + "arrived/" + std::to_string(self.id), to_bytes("1")); !r) co_return r;
+    auto n = co_await store->add(base + "count", 1);
+    if (!n) co_return fail(n.error());
+    if (*n == world_size)
+        if (auto r = co_await store->set(base + "done", to_bytes("1")); !r) co_return r;
+    std::vector<std::string> done_key(1, base + "done");
+    auto w = co_await store->wait(std::move(done_key), timeout);
+    if (w) co_return ok();
+    if (w.error().code() != Errc::timeout) co_return w;
+    std::string missing;
+    for (auto& wi : workers) {
+        std::vector<std::string> key(1, base + "arrived/" + std::to_string(wi.id));
+        auto c = co_await store->check(std::move(key));
+        if (c && !*c) {
+            if (!missing.empty()) missing += ", ";
+            missing += "\"" + wi.name + "\"";
+        }
+    }
+    if (missing.empty()) missing = "(unknown)";
+    co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + missing + " did not arrive");
+}
+
+Task<Result<void>> AgentCore::start() {
+    auto keep = shared_from_this();
+    if (world_size <= 0) co_return fail(Errc::not_supported, "the native agent needs a fixed world size (dynamic groups are not supported yet)");
+    if (self.id < 0 || self.id >= world_size)
+        co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
+    if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
+    if (auto l = listen(); !l) co_return l;
+    asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
+
+    const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
+    PeerRecord mine{self.name, self.id, host, port, local_cuda_device_count(),
+                    tp_options ? tp_options->device_maps : DeviceMaps{}, tp_options ? tp_options->devices : std::vector<Device>{}};
+    const std::string info = std::string(kKeyPrefix) + "info/";
+    if (auto r = co_await store->set(info + std::to_string(self.id), encode_record(mine)); !r)
+        co_return fail(std::move(r).error().context("publishing the address of worker \"" + self.name + "\""));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size; ++r) keys.push_back(info + std::to_string(r));
+    if (auto w = co_await store->wait(keys, wait_limit); !w)
+        co_return fail(std::move(w).error().context("waiting for every worker's address"));
+    auto blobs = co_await store->multi_get(keys);
+    if (!blobs) co_return fail(std::move(blobs).error().context("reading every worker's address"));
+
+    std::vector<PeerRecord> records;
+    for (auto& b : *blobs) {
+        auto rec = decode_record(b);
+        if (!rec) co_return fail(rec.error());
+        records.push_back(std::move(*rec));
+    }
+    std::vector<std::string> names;
+    std::map<std::string, int, std::less<>> counts;
+    std::map<std::string, DeviceMaps, std::less<>> all_maps;
+    std::map<std::string, std::vector<Device>, std::less<>> all_devices;
+    peers.resize(world_size);
+    for (int r = 0; r < world_size; ++r) {
+        auto& rec = records[r];
+        if (rec.rank != r) co_return fail(Errc::protocol_error, "the store's record for rank " + std::to_string(r) + " names rank " + std::to_string(rec.rank));
+        if (auto [it, ins] = rank_of.emplace(rec.name, r); !ins)
+            co_return fail(Errc::invalid_argument, "RPC worker name " + rec.name + " is not unique. Workers " +
+                                                       std::to_string(it->second) + " and " + std::to_string(r) + " share the same name.");
+        workers.push_back(WorkerInfo{rec.name, r});
+        names.push_back(rec.name);
+        counts[rec.name] = rec.device_count;
+        all_maps[rec.name] = rec.maps;
+        all_devices[rec.name] = rec.devices;
+        peers[r].info = workers.back();
+        peers[r].host = rec.host;
+        peers[r].port = rec.port;
+    }
+    if (auto v = validate_device_maps(names, counts, all_maps, all_devices, true); !v) co_return fail(v.error());
+    auto reverse = create_reverse_mapping(self.name, names, all_maps);
+    for (auto& p : peers) {
+        if (auto it = mine.maps.find(p.info.name); it != mine.maps.end()) p.map = it->second;
+        if (auto it = reverse.find(p.info.name); it != reverse.end()) p.reverse = it->second;
+    }
+    state = State::running;
+
+    for (int r = 0; r < world_size; ++r) {
+        if (r == self.id) continue;
+        auto c = co_await ensure_connected(r, tuning.limits.handshake_timeout);
+        if (!c) co_return fail(c.error());
+    }
+    if (auto b = co_await barrier("ready", wait_limit); !b)
+        co_return fail(std::move(b).error().context("waiting until every worker is connected"));
+    co_return ok();
+}
+
+Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
+    auto keep = shared_from_this();
+    if (state == State::closed || state == State::draining) co_return ok();
+    Result<void> result = ok();
+    if (graceful && state == State::running) {
+        state = State::draining;
+        const auto deadline = timeout_sec > 0
+                                  ? Clock::now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_sec))
+                                  : Clock::time_point::max();
+        while (outstanding > 0) {
+            idle = std::make_shared<asio::steady_timer>(ex, deadline);
+            auto t = idle;
+            auto [ec] = co_await t->async_wait(use_nothrow);
+            idle.reset();
+            if (!ec && outstanding > 0) {
+                result = fail(Errc::timeout, std::to_string(outstanding) + " call(s) of worker \"" + self.name +
+                                                 "\" were still outstanding when the shutdown timeout passed");
+                break;
+            }
+        }
+        if (result) {
+            Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
+            if (left < Duration::zero() && deadline != Clock::time_point::max()) left = Duration(1);
+            auto b = co_await barrier("shutdown/" + std::to_string(++shutdown_round), left);
+            if (!b) result = fail(std::move(b).error().context("graceful shutdown of worker \"" + self.name + "\""));
+        }
+    }
+    close_local(Error(Errc::shutdown, "the agent of worker \"" + self.name + "\" was shut down", self.name));
+    co_return result;
+}
+
+void AgentCore::close_local(const Error& reason) {
+    if (state == State::closed) return;
+    state = State::closed;
+    std::error_code ec;
+    acceptor.close(ec);
+    for (auto& p : peers) {
+        fail_pending(p, nullptr, reason);
+        if (p.conn) p.conn->close(reason);
+        p.conn.reset();
+        if (p.connecting) p.connecting->cancel();
+    }
+    for (auto& w : inbound)
+        if (auto c = w.lock()) c->close(reason);
+    inbound.clear();
+    if (idle) idle->cancel();
+}
+
+NativeAgent::~NativeAgent() {
+    auto core = core_;
+    if (!core) return;
+    asio::dispatch(core->ex, [core] {
+        core->close_local(Error(Errc::shutdown, "the agent of worker \"" + core->self.name + "\" was destroyed", core->self.name));
+    });
+}
+
+Task<Result<std::shared_ptr<NativeAgent>>> NativeAgent::create(BackendInitArgs args, NativeAgentTuning tuning) {
+    auto ex = co_await asio::this_coro::executor;
+    auto name = args.name;
+    auto core = std::make_shared<AgentCore>(ex, std::move(args), std::move(tuning));
+    auto r = co_await core->start();
+    if (!r) {
+        core->close_local(r.error());
+        co_return fail(std::move(r).error().context("starting the RPC agent of worker \"" + name + "\""));
+    }
+    co_return std::make_shared<NativeAgent>(std::move(core));
+}
+
+namespace {
+Task<Result<std::shared_ptr<RpcAgent>>> create_for_backend(BackendInitArgs args) {
+    auto r = co_await NativeAgent::create(std::move(args));
+    if (!r) co_return fail(std::move(r).error());
+    co_return std::shared_ptr<RpcAgent>(std::move(*r));
+}
+
+[[maybe_unused]] const bool registered = [] {
+    set_native_agent_factory(create_for_backend);
+    return true;
+}();
+}  // namespace
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,300 @@
+// Native agent, in process: echo, many calls out of order, self calls, handler kinds, errors, timeouts, shutdown.
+#include "rpc/agent_test_util.hpp"
+
+#include <asio/io_context.hpp>
+
+#include <atomic>
+#include <thread>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+
+namespace {
+
+Tensor filled(std::size_t n, std::uint8_t seed) {
+    Tensor t = Tensor::cpu(DType::uint8, std::vector<std::int64_t>(1, static_cast<std::int64_t>(n)));
+    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>(i * 13 + seed);
+    return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::equal(a.bytes().begin(), a.bytes().end(), b.bytes().begin());
+}
+
+}  // namespace
+
+TEST_CASE("an agent echoes a payload and tensors through another agent", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        CHECK(g[0]->get_worker_info().name == "worker0");
+        REQUIRE(g[0]->get_worker_infos().size() == 2);
+        CHECK(g[0]->get_worker_info("worker1")->id == 1);
+        CHECK(g[0]->get_worker_info("nobody").error().code() == Errc::invalid_argument);
+
+        Message m = test::text_message("hello over tcp");
+        m.tensors.push_back(filled(1 << 20, 5));
+        m.tensors.push_back(filled(3, 9));
+        auto r = co_await g[0]->rpc_async("worker1", "echo", m);
+        REQUIRE(r);
+        CHECK(r->payload == bytes("hello over tcp"));
+        REQUIRE(r->tensors.size() == 2);
+        CHECK(same_bytes(r->tensors[0], m.tensors[0]));
+        CHECK(same_bytes(r->tensors[1], m.tensors[1]));
+        CHECK(r->tensors[0].data() != m.tensors[0].data());
+
+        auto back = co_await g[1]->rpc_async("worker0", "echo", test::text_message("and back"));
+        REQUIRE(back);
+        CHECK(back->payload == bytes("and back"));
+        auto results = co_await test::shutdown_all(g);
+        for (auto& s : results) CHECK(s);
+    });
+}
+
+TEST_CASE("a handler sees the caller's WorkerInfo", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(3);
+        for (auto& a : g.agents)
+            REQUIRE(a->register_handler("who", [](WorkerInfo caller, Message) -> Task<Result<Message>> {
+                co_return test::text_message(caller.name + "/" + std::to_string(caller.id));
+            }));
+        auto r = co_await g[2]->rpc_async("worker0", "who", {});
+        REQUIRE(r);
+        CHECK(to_string(r->payload) == "worker2/2");
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("1000 calls outstanding at once all complete, out of order", "[rpc][agent]") {
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        REQUIRE(g[1]->register_handler("delay", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+            int v = std::stoi(to_string(m.payload));
+            co_await test::sleep_for(std::chrono::milliseconds((1000 - v) % 23));
+            co_return m;
+        }));
+        auto ex = co_await asio::this_coro::executor;
+        constexpr int n = 1000;
+        std::vector<int> order;
+        int failures = 0;
+        detail::Channel<void(std::error_code, int)> done(ex, n);
+        for (int i = 0; i < n; ++i) {
+            asio::co_spawn(ex, g[0]->rpc_async("worker1", "delay", test::text_message(std::to_string(i))),
+                           [&, i](std::exception_ptr, Result<Message> r) {
+                               if (!r || to_string(r->payload) != std::to_string(i)) ++failures;
+                               order.push_back(i);
+                               done.try_send(std::error_code{}, i);
+                           });
+        }
+        for (int i = 0; i < n; ++i) co_await done.async_receive(asio::use_awaitable);
+        CHECK(failures == 0);
+        CHECK(order.size() == std::size_t(n));
+        CHECK_FALSE(std::is_sorted(order.begin(), order.end()));
+        auto conn = g[0]->connection_to(1);
+        REQUIRE(conn);
+        // Calls queued together were gathered: far fewer writes than frames.
+        CHECK(conn->stats().writes < conn->stats().frames_sent / 4);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("a call to oneself runs the handler without a socket", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        Message m = test::text_message("me");
+        m.tensors.push_back(filled(10, 1));
+        auto r = co_await g[0]->rpc_async("worker0", "echo", m);
+        REQUIRE(r);
+        CHECK(r->payload == bytes("me"));
+        REQUIRE(r->tensors.size() == 1);
+        auto missing = co_await g[0]->rpc_async("worker0", "missing", {});
+        REQUIRE_FALSE(missing);
+        CHECK(missing.error().code() == Errc::not_found);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("a blocking handler runs on the worker pool, not the I/O thread", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        std::thread::id io_thread = std::this_thread::get_id();
+        std::atomic<bool> on_pool{false};
+        REQUIRE(g[1]->register_blocking_handler("block", [&](const WorkerInfo&, Message m) -> Result<Message> {
+            on_pool = std::this_thread::get_id() != io_thread;
+            std::this_thread::sleep_for(20ms);  // really blocking, on purpose
+            return m;
+        }));
+        auto r = co_await g[0]->rpc_async("worker1", "block", test::text_message("b"));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("b"));
+        CHECK(on_pool);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("an unknown handler is not_found and names the handler", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        auto r = co_await g[0]->rpc_async("worker1", "no_such_handler", {});
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::not_found);
+        CHECK(r.error().message().find("no_such_handler") != std::string::npos);
+        CHECK(r.error().worker() == "worker1");
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("a handler that fails or throws gives remote_error with the worker and the message", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        REQUIRE(g[1]->register_handler("fails", [](WorkerInfo, Message) -> Task<Result<Message>> {
+            co_return fail(Errc::invalid_argument, "the input was bad");
+        }));
+        REQUIRE(g[1]->register_handler("throws", [](WorkerInfo, Message) -> Task<Result<Message>> {
+            throw std::runtime_error("boom in a coroutine");
+            co_return Message{};
+        }));
+        REQUIRE(g[1]->register_blocking_handler("throws_blocking", [](const WorkerInfo&, Message) -> Result<Message> {
+            throw std::runtime_error("boom on the pool");
+        }));
+        auto a = co_await g[0]->rpc_async("worker1", "fails", {});
+        REQUIRE_FALSE(a);
+        CHECK(a.error().code() == Errc::remote_error);
+        CHECK(a.error().worker() == "worker1");
+        CHECK(a.error().message().find("the input was bad") != std::string::npos);
+        auto b = co_await g[0]->rpc_async("worker1", "throws", {});
+        REQUIRE_FALSE(b);
+        CHECK(b.error().code() == Errc::remote_error);
+        CHECK(b.error().message().find("boom in a coroutine") != std::string::npos);
+        auto c = co_await g[0]->rpc_async("worker1", "throws_blocking", {});
+        REQUIRE_FALSE(c);
+        CHECK(c.error().code() == Errc::remote_error);
+        CHECK(c.error().message().find("boom on the pool") != std::string::npos);
+        // The connection survived all of that.
+        test::register_echo(g);
+        CHECK(co_await g[0]->rpc_async("worker1", "echo", {}));
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("an unknown worker is invalid_argument", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        auto r = co_await g[0]->rpc_async("worker9", "echo", {});
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::invalid_argument);
+        CHECK(r.error().message().find("worker9") != std::string::npos);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("registering a handler name twice is already_registered", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto again = g[0]->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
+        REQUIRE_FALSE(again);
+        CHECK(again.error().code() == Errc::already_registered);
+        auto un = co_await g[1]->unregister_handler("echo");
+        INFO((un ? std::string("ok") : un.error().to_string()));
+        REQUIRE(un);
+        auto gone = co_await g[0]->rpc_async("worker1", "echo", {});
+        CHECK(gone.error().code() == Errc::not_found);
+        CHECK((co_await g[1]->unregister_handler("echo")).error().code() == Errc::not_found);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("a call that times out returns timeout, and its late reply is dropped", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        for (auto& a : g.agents)
+            REQUIRE(a->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+                co_await test::sleep_for(300ms);
+                co_return m;
+            }));
+        auto t0 = Clock::now();
+        auto r = co_await g[0]->rpc_async("worker1", "slow", test::text_message("late"), 0.05);
+        auto took = Clock::now() - t0;
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK(took < 250ms);
+        // The late reply arrives while this call is pending and must not be mistaken for it.
+        auto r2 = co_await g[0]->rpc_async("worker1", "slow", test::text_message("on time"), 0);
+        REQUIRE(r2);
+        CHECK(r2->payload == bytes("on time"));
+        auto self = co_await g[0]->rpc_async("worker0", "slow", {}, 0.05);
+        CHECK(self.error().code() == Errc::timeout);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("graceful shutdown lets calls in flight finish", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        REQUIRE(g[1]->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+            co_await test::sleep_for(200ms);
+            co_return m;
+        }));
+        auto ex = co_await asio::this_coro::executor;
+        std::optional<Result<Message>> in_flight;
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "slow", test::text_message("finish me")),
+                       [&](std::exception_ptr, Result<Message> r) { in_flight = std::move(r); });
+        co_await test::sleep_for(20ms);  // let the request leave
+        auto results = co_await test::shutdown_all(g);
+        for (auto& s : results) CHECK(s);
+        REQUIRE(in_flight);
+        REQUIRE(*in_flight);
+        CHECK((*in_flight)->payload == bytes("finish me"));
+        auto after = co_await g[0]->rpc_async("worker1", "slow", {});
+        CHECK(after.error().code() == Errc::shutdown);
+    });
+}
+
+TEST_CASE("a local shutdown ends pending calls with shutdown", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        REQUIRE(g[1]->register_handler("never", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+            co_await test::sleep_for(1s);
+            co_return m;
+        }));
+        auto ex = co_await asio::this_coro::executor;
+        std::optional<Result<Message>> pending;
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0),
+                       [&](std::exception_ptr, Result<Message> r) { pending = std::move(r); });
+        co_await test::sleep_for(20ms);
+        REQUIRE(co_await g[0]->shutdown(false));
+        co_await test::sleep_for(1ms);
+        REQUIRE(pending);
+        REQUIRE_FALSE(*pending);
+        CHECK(pending->error().code() == Errc::shutdown);
+        REQUIRE(co_await g[1]->shutdown(false));
+    });
+}
+
+TEST_CASE("a graceful shutdown with a worker that never arrives times out and names it", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(3);
+        auto t0 = Clock::now();
+        auto r = co_await g[0]->shutdown(true, 0.2);
+        CHECK(Clock::now() - t0 < 2s);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK(r.error().message().find("worker1") != std::string::npos);
+        CHECK(r.error().message().find("worker2") != std::string::npos);
+        REQUIRE(co_await g[1]->shutdown(false));
+        REQUIRE(co_await g[2]->shutdown(false));
+    });
+}
+
+TEST_CASE("destroying agents that were not shut down neither crashes nor hangs", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        REQUIRE(co_await g[0]->rpc_async("worker1", "echo", {}));
+        g.agents.clear();
+        co_await test::sleep_for(10ms);
+    });
+}

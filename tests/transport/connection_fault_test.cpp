@@ -1,0 +1,204 @@
+// Connection under attack and failure: garbage, huge lengths, half frames, bad handshakes, timeouts.
+#include <tensorplay/transport/connection.hpp>
+
+#include "transport/transport_test_util.hpp"
+
+#include <tensorplay/core/wire.hpp>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct RawClient {
+    asio::ip::tcp::acceptor acc;
+    asio::ip::tcp::socket raw;
+};
+
+/// A raw socket connected to an acceptor; `accepted` runs Connection::accept on the other end.
+Task<std::unique_ptr<RawClient>> raw_client() {
+    auto ex = co_await asio::this_coro::executor;
+    auto rc = std::make_unique<RawClient>(RawClient{asio::ip::tcp::acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0}),
+                                                    asio::ip::tcp::socket(ex)});
+    auto [ec] = co_await rc->raw.async_connect(rc->acc.local_endpoint(), tensorplay::detail::use_nothrow);
+    REQUIRE(!ec);
+    co_return rc;
+}
+
+/// Raw client that completed a valid handshake; returns the server-side Connection.
+Task<std::shared_ptr<Connection>> handshaken(RawClient& rc, ConnectionLimits limits = {}) {
+    using namespace tensorplay::detail::awaitable_ops;
+    co_await test::write_raw(rc.raw, tensorplay::detail::encode_hello(test::hello("raw", 7)));
+    auto conn = co_await (test::accept_one(rc.acc, test::hello("server", 0), limits) && test::read_hello(rc.raw));
+    REQUIRE(conn);
+    co_return *conn;
+}
+
+Bytes header(std::uint8_t kind, std::uint32_t meta_len, std::uint64_t id, std::uint64_t payload_len,
+             std::uint16_t marker = tensorplay::detail::kFrameMarker) {
+    WireWriter w;
+    w.u16(marker).u8(kind).u8(0).u32(meta_len).u64(id).u64(payload_len);
+    return std::move(w).take();
+}
+
+}  // namespace
+
+TEST_CASE("garbage after the handshake closes the connection with a protocol error", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        co_await test::write_raw(rc->raw, bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::protocol_error);
+        CHECK_FALSE(conn->is_open());
+    });
+}
+
+TEST_CASE("a huge payload length is refused before anything is allocated", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        co_await test::write_raw(rc->raw, header(1, 0, 1, std::uint64_t(1) << 60));
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::protocol_error);
+        CHECK(r.error().message().find("exceeds the limit") != std::string::npos);
+    });
+}
+
+TEST_CASE("a huge metadata length or tensor count is refused", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        co_await test::write_raw(rc->raw, header(1, 0xFFFFFFF0u, 1, 0));
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::protocol_error);
+
+        auto rc2 = co_await raw_client();
+        auto conn2 = co_await handshaken(*rc2);
+        WireWriter meta;
+        meta.str32("h").u32(1000000);  // a million tensors announced in an 9-byte block
+        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        h.insert(h.end(), meta.data().begin(), meta.data().end());
+        co_await test::write_raw(rc2->raw, h);
+        auto r2 = co_await conn2->receive();
+        REQUIRE_FALSE(r2);
+        CHECK(r2.error().code() == Errc::protocol_error);
+    });
+}
+
+TEST_CASE("a tensor whose byte count disagrees with its shape is refused", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        WireWriter meta;
+        meta.str32("h").u32(1);
+        meta.u8(static_cast<std::uint8_t>(DType::float32)).u8(0).u16(0xFFFF).u8(0).u16(0xFFFF).u8(1).i64(4).u64(1 << 30);
+        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        h.insert(h.end(), meta.data().begin(), meta.data().end());
+        co_await test::write_raw(rc->raw, h);
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::protocol_error);
+        CHECK(r.error().message().find("does not match") != std::string::npos);
+    });
+}
+
+TEST_CASE("a peer that closes in the middle of a frame gives connection_lost", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        auto h = header(1, 200, 1, 100);
+        h.resize(h.size() + 10);  // 10 of the 200 metadata bytes, then nothing
+        co_await test::write_raw(rc->raw, h);
+        rc->raw.close();
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+    });
+}
+
+TEST_CASE("a peer that closes in the middle of a tensor gives connection_lost", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        WireWriter meta;
+        meta.str32("h").u32(1);
+        meta.u8(0).u8(0).u16(0xFFFF).u8(0).u16(0xFFFF).u8(1).i64(1 << 20).u64(1 << 20);
+        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        h.insert(h.end(), meta.data().begin(), meta.data().end());
+        h.resize(h.size() + 100000);  // a tenth of the tensor
+        co_await test::write_raw(rc->raw, h);
+        rc->raw.close();
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+    });
+}
+
+TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        co_await test::write_raw(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), 0xDEADBEEF));
+        auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), {});
+        REQUIRE_FALSE(c);
+        CHECK(c.error().code() == Errc::protocol_error);
+        CHECK(c.error().message().find("magic") != std::string::npos);
+    });
+}
+
+TEST_CASE("a handshake with another protocol version is refused on both sides", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        co_await test::write_raw(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), kProtocolMagic, 99));
+        auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), {});
+        REQUIRE_FALSE(c);
+        CHECK(c.error().code() == Errc::protocol_error);
+        CHECK(c.error().message().find("version 99") != std::string::npos);
+
+        // A server that answers with version 2: the client refuses it and names both versions.
+        auto ex = co_await asio::this_coro::executor;
+        asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
+        auto port = acc.local_endpoint().port();
+        using namespace tensorplay::detail::awaitable_ops;
+        auto fake_server = [&acc]() -> Task<void> {
+            auto [ec, s] = co_await acc.async_accept(tensorplay::detail::use_nothrow);
+            REQUIRE(!ec);
+            co_await test::read_hello(s);
+            co_await test::write_raw(s, tensorplay::detail::encode_hello(test::hello("future", 1), kProtocolMagic, 2));
+        };
+        auto cl = co_await (asio::co_spawn(ex, fake_server, asio::use_awaitable) &&
+                                      Connection::connect("127.0.0.1", port, test::hello("client", 0)));
+        REQUIRE_FALSE(cl);
+        CHECK(cl.error().code() == Errc::protocol_error);
+        CHECK(cl.error().message().find("version 2") != std::string::npos);
+    });
+}
+
+TEST_CASE("a peer that never completes the handshake times out", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        ConnectionLimits limits;
+        limits.handshake_timeout = 100ms;
+        co_await test::write_raw(rc->raw, Bytes(2, std::uint8_t{0x54}));  // two bytes of a hello, then silence
+        auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), limits);
+        REQUIRE_FALSE(c);
+        CHECK(c.error().code() == Errc::timeout);
+    });
+}
+
+TEST_CASE("connecting to a closed port fails quickly", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        std::uint16_t port;
+        {
+            asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
+            port = acc.local_endpoint().port();
+        }
+        auto c = co_await Connection::connect("127.0.0.1", port, test::hello("client", 0));
+        REQUIRE_FALSE(c);
+        CHECK(c.error().message().find("127.0.0.1") != std::string::npos);
+    });
+}
