@@ -1,0 +1,122 @@
+// rpc_bench: latency, calls/s and tensor bandwidth of the native agent between two local worker
+// processes, beside the same measures over plain sockets; prints one JSON object.
+//
+// Usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--quick]
+//   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
+// gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
+#include "bench_util.hpp"
+#include "plain_sockets.hpp"
+#include "rpc_half.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+struct Config {
+    std::string pin = "same";
+    int iters = 20000;
+    long calls = 100000;
+    int reps_1mib = 100;
+    int reps_64mib = 6;
+};
+
+int caller_cpu(const Config& c) { return c.pin == "none" ? -1 : 0; }
+int callee_cpu(const Config& c) { return c.pin == "none" ? -1 : (c.pin == "cross" ? 1 : 0); }
+
+const char* keys[] = {"p50_us", "p99_us", "calls_per_s_1", "calls_per_s_16", "calls_per_s_128",
+                      "gbps_1mib", "gbps_64mib", "peak_rss_mib"};
+
+std::map<std::string, double> run_baseline(const Config& cfg) {
+    std::uint16_t port = 0;
+    int lfd = bench::plain::listen_loopback(port);
+    bench::ResultPipe out;
+    pid_t callee = bench::spawn([&] {
+        bench::pin_to(callee_cpu(cfg));
+        int rc = bench::plain::serve(lfd);
+        out.put("rss_callee", bench::peak_rss_mib());
+        return rc;
+    });
+    pid_t caller = bench::spawn([&] {
+        ::close(lfd);
+        bench::pin_to(caller_cpu(cfg));
+        auto rtt = bench::plain::latency(port, cfg.iters, cfg.iters / 10);
+        out.put("p50_us", bench::percentile(rtt, 50));
+        out.put("p99_us", bench::percentile(rtt, 99));
+        out.put("calls_per_s_1", bench::plain::calls_per_s(port, 1, std::max<long>(cfg.calls / 5, 1000)));
+        out.put("calls_per_s_16", bench::plain::calls_per_s(port, 16, cfg.calls));
+        out.put("calls_per_s_128", bench::plain::calls_per_s(port, 128, cfg.calls));
+        out.put("gbps_1mib", bench::plain::echo_gbps(port, std::size_t{1} << 20, cfg.reps_1mib));
+        out.put("gbps_64mib", bench::plain::echo_gbps(port, std::size_t{64} << 20, cfg.reps_64mib));
+        bench::plain::quit(port);
+        out.put("rss_caller", bench::peak_rss_mib());
+        return 0;
+    });
+    ::close(lfd);
+    const bool ok = bench::reap(caller) & bench::reap(callee);
+    auto r = out.collect();
+    r["peak_rss_mib"] = std::max(r["rss_caller"], r["rss_callee"]);
+    if (!ok) r["failed"] = 1;
+    return r;
+}
+
+void print_object(const std::map<std::string, double>& r, const char* indent) {
+    bool first = true;
+    for (const char* k : keys) {
+        auto it = r.find(k);
+        std::printf("%s\n%s\"%s\": %.6g", first ? "" : ",", indent, k, it == r.end() ? -1.0 : it->second);
+        first = false;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Config cfg;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "rpc_bench: %s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--pin") cfg.pin = next();
+        else if (a == "--iters") cfg.iters = std::stoi(next());
+        else if (a == "--calls") cfg.calls = std::stol(next());
+        else if (a == "--quick") {
+            cfg.iters = 2000;
+            cfg.calls = 10000;
+            cfg.reps_1mib = 10;
+            cfg.reps_64mib = 2;
+        } else {
+            std::fprintf(stderr, "usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--quick]\n");
+            return 2;
+        }
+    }
+    if (cfg.pin != "same" && cfg.pin != "cross" && cfg.pin != "none") {
+        std::fprintf(stderr, "rpc_bench: --pin must be same, cross or none\n");
+        return 2;
+    }
+
+    auto base = run_baseline(cfg);
+    bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg)};
+    auto ours = bench::run_rpc(rc);
+
+    std::printf("{");
+    print_object(ours, "  ");
+    std::printf(",\n  \"baseline\": {");
+    print_object(base, "    ");
+    std::printf("\n  },\n  \"ratio\": {");
+    bool first = true;
+    for (const char* k : keys) {
+        const double o = ours.count(k) ? ours[k] : -1, b = base.count(k) ? base[k] : -1;
+        std::printf("%s\n    \"%s\": %.3f", first ? "" : ",", k, (o > 0 && b > 0) ? o / b : -1.0);
+        first = false;
+    }
+    std::printf("\n  },\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n", cfg.pin.c_str(),
+                (ours.count("failed") || base.count("failed")) ? "false" : "true");
+    return (ours.count("failed") || base.count("failed")) ? 1 : 0;
+}
