@@ -1,0 +1,132 @@
+// TcpStoreServer and TcpStore: a key-value store over TCP, wire-compatible with PyTorch's c10d TCPStore.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/core/timeout.hpp>
+#include <tensorplay/store/store.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tensorplay {
+
+/// Settings of a TcpStoreServer. Every limit is checked before anything is allocated; a request
+/// over a limit (or of an unknown type) closes only the connection that sent it, with a log line.
+struct TcpStoreServerOptions {
+    /// Address to bind; "" = all interfaces (IPv6 [::] dual-stack, falling back to 0.0.0.0).
+    std::string host = "";
+    /// Port to bind; 0 = an ephemeral port (see TcpStoreServer::port()).
+    std::uint16_t port = 0;
+    std::size_t max_key_size = 64 * 1024;                 ///< bytes in one key
+    std::size_t max_value_size = 64 * 1024 * 1024;        ///< bytes in one value
+    std::size_t max_keys_per_request = 131072;            ///< keys in one CHECK/WAIT/MULTI_GET/MULTI_SET
+    std::size_t max_request_size = 256 * 1024 * 1024;     ///< bytes of one whole request (MULTI_SET)
+    int backlog = 4096;                                   ///< listen backlog (the OS caps it at somaxconn)
+};
+
+/// A c10d-compatible TCP store server. It tells each connection's dialect from its first bytes
+/// (PyTorch 2.x VALIDATE handshake, or PyTorch 1.13 without one) and serves both on one key space.
+/// Thread-safe: all state lives on one strand of the executor it was started on; a blocked WAIT
+/// never holds up another connection.
+class TcpStoreServer {
+public:
+    /// Binds and starts accepting on `executor`. Errors: io_error (bind/listen failed, e.g. the
+    /// port is taken), invalid_argument (host does not resolve).
+    [[nodiscard]] static Result<std::shared_ptr<TcpStoreServer>> start(Executor executor,
+                                                                       TcpStoreServerOptions options = {});
+    ~TcpStoreServer();
+    TcpStoreServer(const TcpStoreServer&) = delete;
+    TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+    /// The bound port (the ephemeral one when options.port was 0).
+    [[nodiscard]] std::uint16_t port() const noexcept;
+    /// The bound address, e.g. "[::]:29500" or "127.0.0.1:41234".
+    [[nodiscard]] std::string address() const;
+    /// Stops accepting and closes every connection (clients blocked in a wait see the connection
+    /// close). Idempotent; callable from any thread; also done by the destructor.
+    void stop();
+    /// Number of keys stored now (for tests and tools; takes effect on the strand, so it is a snapshot).
+    [[nodiscard]] Task<std::size_t> num_keys() const;
+    /// Number of open client connections (a snapshot, for tests and tools).
+    [[nodiscard]] Task<std::size_t> num_connections() const;
+
+    struct Impl;
+    explicit TcpStoreServer(std::shared_ptr<Impl> impl);
+
+private:
+    std::shared_ptr<Impl> impl_;
+};
+
+/// Which c10d wire dialect a TcpStore client speaks.
+enum class TcpStoreDialect {
+    torch2,    ///< PyTorch >= 2.3: VALIDATE + PING handshake, APPEND/MULTI_*/CANCEL_WAIT (our server speaks it)
+    torch113,  ///< PyTorch 1.13 / 2.0: no handshake; append and multi_* emulated with basic operations
+};
+
+/// Settings of a TcpStore client.
+struct TcpStoreOptions {
+    std::string host = "127.0.0.1";
+    std::uint16_t port = 0;
+    /// Connect deadline (the server may start later: connect retries with backoff until then), and
+    /// the default timeout of get/wait/multi_get and of every other operation.
+    Duration timeout = std::chrono::seconds(300);
+    TcpStoreDialect dialect = TcpStoreDialect::torch2;
+    /// >= 0: c10d worker counting: after connecting, ADD "init/" 1 (un-prefixed key, as c10d does).
+    int world_size = -1;
+    /// With world_size >= 0: wait (up to timeout) until "init/" reaches world_size. Unlike c10d,
+    /// where only the master waits, every client that asks for it waits; set it on rank 0 only to
+    /// get c10d's behaviour. A timeout is an error (Errc::timeout naming n/world_size), as in 2.x.
+    bool wait_for_workers = true;
+    std::size_t max_value_size = 64 * 1024 * 1024;  ///< longest value accepted in a reply
+};
+
+/// A c10d TCPStore client. User keys go on the wire as "/" + key, like PyTorch's Python TCPStore,
+/// so keys interoperate with PyTorch processes. Thread-safe: operations may be awaited from any
+/// coroutine on any thread; they run on an internal strand and share one connection (requests
+/// without a reply wait are pipelined). A timed-out wait is cancelled on the server (torch2) or the
+/// connection is replaced (torch113). When the server goes away every pending and later operation
+/// fails with Errc::connection_lost. Cancelling an awaiting caller abandons only its reply.
+class TcpStore final : public Store {
+public:
+    /// Connects (retrying with backoff until options.timeout), handshakes (torch2) and counts workers.
+    [[nodiscard]] static Task<Result<std::shared_ptr<TcpStore>>> connect(Executor executor, TcpStoreOptions options);
+    ~TcpStore() override;
+    TcpStore(const TcpStore&) = delete;
+    TcpStore& operator=(const TcpStore&) = delete;
+
+    [[nodiscard]] Task<Result<void>> set(std::string key, Bytes value) override;
+    [[nodiscard]] Task<Result<Bytes>> get(std::string key) override;
+    [[nodiscard]] Task<Result<std::int64_t>> add(std::string key, std::int64_t delta) override;
+    [[nodiscard]] Task<Result<Bytes>> compare_set(std::string key, Bytes expected, Bytes desired) override;
+    using Store::wait;
+    [[nodiscard]] Task<Result<void>> wait(std::vector<std::string> keys, Duration timeout) override;
+    [[nodiscard]] Task<Result<bool>> check(std::vector<std::string> keys) override;
+    [[nodiscard]] Task<Result<bool>> delete_key(std::string key) override;
+    [[nodiscard]] Task<Result<std::int64_t>> num_keys() override;
+    /// torch113: emulated with compare_set (atomic; on a real 1.13 server it wakes no waiter of a key it creates).
+    [[nodiscard]] Task<Result<void>> append(std::string key, Bytes value) override;
+    /// torch113: one WAIT, then the GETs pipelined.
+    [[nodiscard]] Task<Result<std::vector<Bytes>>> multi_get(std::vector<std::string> keys) override;
+    /// torch113: the SETs pipelined in one write.
+    [[nodiscard]] Task<Result<void>> multi_set(std::vector<std::string> keys, std::vector<Bytes> values) override;
+    /// True for torch2 (one round trip); false for torch113, where multi_* are emulated.
+    [[nodiscard]] bool has_extended_api() const noexcept override;
+    /// Round trip to the server (torch2 PING; torch113 GETNUMKEYS). Returns the time it took.
+    [[nodiscard]] Task<Result<Duration>> ping();
+
+    /// Closes the connection; pending operations fail with Errc::shutdown. Idempotent.
+    void close();
+    [[nodiscard]] const TcpStoreOptions& options() const noexcept;
+
+    struct Impl;
+    explicit TcpStore(std::shared_ptr<Impl> impl);
+
+private:
+    std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tensorplay

@@ -1,0 +1,438 @@
+// TcpStore client connection: connect with retries, handshake, and the actor that owns the socket.
+//
+// A client has one or more lanes (connections), each with an actor coroutine that does all of its
+// socket I/O on the client's strand. Operations queue a PendingOp on a lane without a WAIT; the
+// actor writes every queued request up to (and including) the first WAIT in one write, then reads
+// the replies in order (c10d replies carry no ids, and a server answers requests sent after a
+// WAIT before the WAIT itself, so nothing follows a WAIT on its lane). A WAIT with a deadline arms
+// a watchdog: on expiry it sends CANCEL_WAIT (torch2; a racing STOP_WAITING may arrive before the
+// WAIT_CANCELED reply) or closes the lane (torch113 has no cancel: a late STOP_WAITING would
+// desynchronise the stream). An I/O error fails the operations in flight on that lane with
+// Errc::connection_lost; its unsent ones move to a new lane, whose single connect attempt failing
+// marks the client broken: every later operation then fails at once.
+#include "store/tcp_store_client_impl.hpp"
+
+#include "core/asio_compat.hpp"
+
+#include <tensorplay/core/log.hpp>
+#include <tensorplay/core/runtime.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <random>
+#include <unistd.h>
+
+namespace tensorplay::detail {
+
+namespace {
+
+constexpr std::size_t kMaxBatchBytes = 1 << 20;
+constexpr std::size_t kMaxIdleLanes = 2;
+
+std::string ms_string(Duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
+
+Task<Result<void>> connect_once(asio::ip::tcp::socket* socket, asio::ip::tcp::endpoint ep) {
+    auto [ec] = co_await socket->async_connect(ep, use_nothrow);
+    if (ec) co_return fail(from_error_code(ec, "connecting"));
+    co_return ok();
+}
+
+Task<Result<void>> write_all(Lane* lane, const Bytes* data, std::string where) {
+    auto [ec, n] = co_await asio::async_write(lane->socket, asio::buffer(*data), use_nothrow);
+    (void)n;
+    if (ec) co_return fail(from_error_code(ec, "sending to the store at " + where));
+    co_return ok();
+}
+
+// Ensures `n` unread bytes are buffered.
+Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
+    while (lane->in.size() - lane->in_begin < n) {
+        if (lane->in_begin > 0) {
+            lane->in.erase(lane->in.begin(), lane->in.begin() + static_cast<std::ptrdiff_t>(lane->in_begin));
+            lane->in_begin = 0;
+        }
+        const std::size_t old = lane->in.size();
+        lane->in.resize(std::max(n, old + 16384));
+        auto [ec, got] = co_await lane->socket.async_read_some(
+            asio::buffer(lane->in.data() + old, lane->in.size() - old), use_nothrow);
+        lane->in.resize(old + got);
+        if (ec) {
+            auto e = from_error_code(ec, "reading from the store at " + *where);
+            if (e.code() == Errc::cancelled) e = Error(Errc::connection_lost, e.message(), {}, ec);
+            co_return fail(std::move(e));
+        }
+    }
+    co_return ok();
+}
+
+std::uint64_t take_u64(Lane& lane) {
+    auto v = c10d::get_u64(lane.in.data() + lane.in_begin);
+    lane.in_begin += 8;
+    return v;
+}
+
+Task<Result<std::uint8_t>> read_u8(Lane* lane, const std::string* where) {
+    if (auto r = co_await fill(lane, 1, where); !r) co_return fail(r.error());
+    co_return lane->in[lane->in_begin++];
+}
+
+Task<Result<void>> read_replies(ClientState* s, Lane* lane, PendingOp* op) {
+    for (ReplyKind kind : op->expect) {
+        switch (kind) {
+            case ReplyKind::u8: {
+                auto b = co_await read_u8(lane, &s->where);
+                if (!b) co_return fail(b.error());
+                op->ints.push_back(*b);
+                break;
+            }
+            case ReplyKind::u32: {
+                if (auto r = co_await fill(lane, 4, &s->where); !r) co_return r;
+                op->ints.push_back(c10d::get_u32(lane->in.data() + lane->in_begin));
+                lane->in_begin += 4;
+                break;
+            }
+            case ReplyKind::i64: {
+                if (auto r = co_await fill(lane, 8, &s->where); !r) co_return r;
+                op->ints.push_back(static_cast<std::int64_t>(take_u64(*lane)));
+                break;
+            }
+            case ReplyKind::bytes: {
+                if (auto r = co_await fill(lane, 8, &s->where); !r) co_return r;
+                const std::uint64_t len = take_u64(*lane);
+                if (len > s->options.max_value_size)
+                    co_return fail(Errc::protocol_error, "the store at " + s->where + " sent a value of " +
+                                                             std::to_string(len) + " bytes, over the limit of " +
+                                                             std::to_string(s->options.max_value_size));
+                if (auto r = co_await fill(lane, static_cast<std::size_t>(len), &s->where); !r) co_return r;
+                auto first = lane->in.begin() + static_cast<std::ptrdiff_t>(lane->in_begin);
+                op->blobs.emplace_back(first, first + static_cast<std::ptrdiff_t>(len));
+                lane->in_begin += static_cast<std::size_t>(len);
+                break;
+            }
+        }
+    }
+    if (lane->in_begin == lane->in.size()) {
+        lane->in.clear();
+        lane->in_begin = 0;
+    }
+    co_return ok();
+}
+
+Task<void> watchdog(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane, std::uint64_t generation) {
+    auto [ec] = co_await lane->wait_timer.async_wait(use_nothrow);
+    if (ec || !lane->wait_armed || lane->wait_generation != generation || lane->dead) co_return;
+    lane->wait_armed = false;
+    if (s->dialect == c10d::Dialect::modern) {
+        lane->cancel_sent = true;
+        static const std::uint8_t cancel = *c10d::encode_type(c10d::Dialect::modern, c10d::Op::cancel_wait);
+        auto [wec, n] = co_await asio::async_write(lane->socket, asio::buffer(&cancel, 1), use_nothrow);
+        (void)wec;  // a failed write shows up as a failed read in the actor
+        (void)n;
+    } else {
+        lane->dropped = true;
+        std::error_code ignored;
+        lane->socket.close(ignored);
+    }
+}
+
+Error wait_timeout_error(const PendingOp& op, Duration waited) {
+    return Error(Errc::timeout, "wait timed out after " + ms_string(waited) + " for keys: " + op.wait_keys);
+}
+
+enum class WaitOutcome { ready, timed_out, lane_dropped };
+
+// The WAIT of `op` has been sent: awaits its reply, cancelling it at the deadline.
+Task<Result<WaitOutcome>> finish_wait(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane, PendingOp* op,
+                                      Clock::time_point sent) {
+    lane->cancel_sent = false;
+    lane->dropped = false;
+    if (op->deadline) {
+        lane->wait_armed = true;
+        const auto generation = ++lane->wait_generation;
+        lane->wait_timer.expires_at(*op->deadline);
+        asio::co_spawn(s->strand, watchdog(s, lane, generation), [](std::exception_ptr e) {
+            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait watchdog").to_string());
+        });
+    }
+    auto b = co_await read_u8(lane.get(), &s->where);
+    lane->wait_armed = false;
+    lane->wait_timer.cancel();
+    if (!b) {
+        if (!lane->dropped || s->closed) co_return fail(b.error());
+        op->error = wait_timeout_error(*op, Clock::now() - sent);
+        co_return WaitOutcome::lane_dropped;  // torch113: the lane was closed on purpose
+    }
+    if (*b == c10d::kStopWaiting) {
+        if (lane->cancel_sent) {
+            auto c = co_await read_u8(lane.get(), &s->where);
+            if (!c) co_return fail(c.error());
+            if (*c != c10d::kWaitCanceled)
+                co_return fail(Errc::protocol_error, "the store at " + s->where + " answered CANCEL_WAIT with " +
+                                                         std::to_string(*c));
+        }
+        co_return WaitOutcome::ready;
+    }
+    if (*b == c10d::kWaitCanceled && lane->cancel_sent) {
+        op->error = wait_timeout_error(*op, Clock::now() - sent);
+        co_return WaitOutcome::timed_out;
+    }
+    co_return fail(Errc::protocol_error,
+                   "the store at " + s->where + " answered WAIT with " + std::to_string(*b) + " instead of 0");
+}
+
+Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) {
+    if (!lane->connected) {
+        // A lane added after the first connection gets one attempt: if the server is gone, fail now.
+        const auto limit = s->options.timeout > Duration::zero() ? std::min<Duration>(s->options.timeout, std::chrono::seconds(10))
+                                                                 : std::chrono::seconds(10);
+        auto r = co_await s->open(*lane, Clock::now() + limit, false);
+        if (!r) {
+            Error e(Errc::connection_lost, "lost the connection to the store at " + s->where +
+                                               " and could not reconnect: " + r.error().message());
+            s->drop_lane(*lane, e, nullptr);
+            s->shut(e);
+            co_return;
+        }
+        lane->connected = true;
+    }
+    std::vector<std::shared_ptr<PendingOp>> batch;
+    while (!lane->dead) {
+        if (lane->queue.empty()) {
+            lane->kick.expires_at(asio::steady_timer::time_point::max());
+            co_await lane->kick.async_wait(use_nothrow);
+            continue;
+        }
+        batch.clear();
+        lane->out.clear();
+        while (!lane->queue.empty() && lane->out.size() < kMaxBatchBytes) {
+            auto op = std::move(lane->queue.front());
+            lane->queue.pop_front();
+            if (op->abandoned) {  // the caller gave up before it was sent: never send it
+                if (!op->wait_request.empty()) --lane->waits;
+                op->error = Error(Errc::cancelled, "store operation abandoned before it was sent");
+                finish(*op);
+                continue;
+            }
+            batch.push_back(op);
+            if (!op->wait_request.empty()) {
+                lane->out.insert(lane->out.end(), op->wait_request.begin(), op->wait_request.end());
+                break;
+            }
+            lane->out.insert(lane->out.end(), op->request.begin(), op->request.end());
+        }
+        if (batch.empty()) continue;
+        const auto sent = Clock::now();
+        if (auto w = co_await write_all(lane.get(), &lane->out, s->where); !w) {
+            s->drop_lane(*lane, w.error(), &batch);
+            co_return;
+        }
+        std::optional<Error> failure;
+        for (auto& op : batch) {
+            if (!op->wait_request.empty()) {
+                auto outcome = co_await finish_wait(s, lane, op.get(), sent);
+                --lane->waits;
+                if (!outcome) {
+                    failure = std::move(outcome).error();
+                    break;
+                }
+                if (*outcome == WaitOutcome::lane_dropped) {
+                    finish(*op);
+                    s->drop_lane(*lane, *op->error, nullptr);
+                    co_return;
+                }
+                if (*outcome == WaitOutcome::timed_out || op->request.empty()) {
+                    finish(*op);
+                    continue;
+                }
+                if (auto w = co_await write_all(lane.get(), &op->request, s->where); !w) {
+                    failure = std::move(w).error();
+                    break;
+                }
+            }
+            if (auto r = co_await read_replies(s.get(), lane.get(), op.get()); !r) {
+                failure = std::move(r).error();
+                break;
+            }
+            finish(*op);
+        }
+        if (failure) {
+            s->drop_lane(*lane, *failure, &batch);
+            co_return;
+        }
+        // Extra lanes exist for concurrent waits; close this one if enough others are idle.
+        if (lane->queue.empty() && lane->waits == 0 && s->lanes.size() > 1 && s->lanes.front() != lane) {
+            std::size_t idle = 0;
+            for (auto& l : s->lanes) idle += (l->queue.empty() && l->waits == 0 && l->connected) ? 1 : 0;
+            if (idle > kMaxIdleLanes) {
+                s->drop_lane(*lane, Error(Errc::shutdown, "idle lane closed"), nullptr);
+                co_return;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+Lane::Lane(ClientState& client) : socket(client.strand), kick(client.strand), wait_timer(client.strand) {}
+
+ClientState::ClientState(Executor ex, TcpStoreOptions opts)
+    : strand(asio::make_strand(std::move(ex))),
+      options(std::move(opts)),
+      dialect(options.dialect == TcpStoreDialect::torch2 ? c10d::Dialect::modern : c10d::Dialect::legacy),
+      where(options.host + ":" + std::to_string(options.port)) {}
+
+Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, bool retry) {
+    asio::ip::tcp::resolver resolver(strand);
+    asio::steady_timer sleep(strand);
+    std::minstd_rand jitter(static_cast<unsigned>(::getpid()) ^
+                            static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+    Duration backoff = std::chrono::milliseconds(10);
+    const auto started = Clock::now();
+    Error last(Errc::timeout, "no attempt made");
+    for (;;) {
+        if (closed) co_return fail(Errc::shutdown, "the store client was closed while connecting to " + where);
+        auto [rec, found] = co_await resolver.async_resolve(options.host, std::to_string(options.port), use_nothrow);
+        if (rec) last = from_error_code(rec, "resolving \"" + options.host + "\"");
+        for (const auto& entry : found) {
+            const auto remaining = deadline - Clock::now();
+            if (remaining <= Duration::zero()) break;
+            asio::ip::tcp::socket candidate(strand);
+            auto r = co_await with_timeout(connect_once(&candidate, entry.endpoint()), remaining);
+            if (!r) {
+                last = std::move(r).error();
+                continue;
+            }
+            std::error_code ignored;
+            candidate.set_option(asio::ip::tcp::no_delay(true), ignored);
+            lane.socket.close(ignored);
+            lane.socket = std::move(candidate);
+            lane.in.clear();
+            lane.in_begin = 0;
+            if (dialect == c10d::Dialect::legacy) co_return ok();
+            // torch2: VALIDATE with the magic number, then PING with a nonce the server echoes.
+            static std::uint32_t counter = 0;
+            const std::uint32_t nonce = static_cast<std::uint32_t>(::getpid()) * 2654435761u + ++counter;
+            Bytes hello;
+            c10d::put_u8(hello, *c10d::encode_type(dialect, c10d::Op::validate));
+            c10d::put_u32(hello, c10d::kValidationMagic);
+            c10d::put_u8(hello, *c10d::encode_type(dialect, c10d::Op::ping));
+            c10d::put_u32(hello, nonce);
+            auto handshake = [](Lane* l, Bytes bytes, std::string w) -> Task<Result<void>> {
+                if (auto r = co_await write_all(l, &bytes, w); !r) co_return r;
+                co_return co_await fill(l, 4, &w);
+            };
+            auto h = co_await with_timeout(handshake(&lane, std::move(hello), where),
+                                           std::max<Duration>(deadline - Clock::now(), std::chrono::seconds(1)));
+            if (!h)
+                co_return fail(std::move(h).error().context(
+                    "handshake (VALIDATE, PING) with the store at " + where +
+                    " failed; if it is a PyTorch 1.13/2.0 store, use the torch113 dialect"));
+            const auto echoed = c10d::get_u32(lane.in.data() + lane.in_begin);
+            lane.in_begin += 4;
+            if (echoed != nonce)
+                co_return fail(Errc::protocol_error, "the store at " + where + " answered PING with " +
+                                                         std::to_string(echoed) + " instead of " + std::to_string(nonce));
+            co_return ok();
+        }
+        const auto now = Clock::now();
+        if (!retry || now + backoff >= deadline)
+            co_return fail(retry ? Errc::timeout : last.code(),
+                           "could not connect to the store at " + where + " within " + ms_string(now - started) +
+                               ": " + last.message());
+        sleep.expires_after(backoff + std::chrono::milliseconds(jitter() % 10));
+        co_await sleep.async_wait(use_nothrow);
+        backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(1));
+    }
+}
+
+std::shared_ptr<Lane> ClientState::add_lane(std::shared_ptr<Lane> lane, bool connected) {
+    lane->connected = connected;
+    lanes.push_back(lane);
+    asio::co_spawn(strand, run_lane(shared_from_this(), lane), [](std::exception_ptr e) {
+        if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store client lane").to_string());
+    });
+    return lane;
+}
+
+void ClientState::submit(const std::shared_ptr<PendingOp>& op) {
+    if (broken) {
+        op->error = *broken;
+        finish(*op);
+        return;
+    }
+    std::shared_ptr<Lane> lane;
+    for (auto& l : lanes)
+        if (!l->dead && l->waits == 0) {
+            lane = l;
+            break;
+        }
+    if (!lane) lane = add_lane(std::make_shared<Lane>(*this), false);
+    if (!op->wait_request.empty()) ++lane->waits;
+    lane->queue.push_back(op);
+    lane->kick.cancel();
+}
+
+void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_ptr<PendingOp>>* inflight) {
+    const Error reason = broken ? *broken : e;
+    if (inflight)
+        for (auto& op : *inflight)
+            if (!op->done) {
+                op->error = reason;
+                finish(*op);
+            }
+    if (lane.dead) return;
+    lane.dead = true;
+    std::erase_if(lanes, [&](const std::shared_ptr<Lane>& l) { return l.get() == &lane; });
+    std::error_code ignored;
+    lane.socket.close(ignored);
+    lane.wait_timer.cancel();
+    lane.kick.cancel();
+    // Operations never sent can go on another lane (or fail at once if the client is broken).
+    auto unsent = std::move(lane.queue);
+    lane.queue.clear();
+    lane.waits = 0;
+    for (auto& op : unsent)
+        if (!op->done) submit(op);
+}
+
+void ClientState::shut(Error e) {
+    if (!broken) {
+        broken = std::move(e);
+        if (broken->code() != Errc::shutdown)
+            log(LogLevel::warn, "store", "store client for " + where + " failed: " + broken->to_string());
+    }
+    closed = closed || broken->code() == Errc::shutdown;
+    auto all = lanes;
+    for (auto& l : all) {
+        std::vector<std::shared_ptr<PendingOp>> inflight(l->queue.begin(), l->queue.end());
+        l->queue.clear();
+        drop_lane(*l, *broken, &inflight);
+    }
+}
+
+void finish(PendingOp& op) {
+    op.done = true;
+    op.signal.cancel();
+}
+
+Task<Result<void>> await_op(std::shared_ptr<PendingOp> op, Duration limit) {
+    auto wait_done = [](std::shared_ptr<PendingOp> p) -> Task<Result<void>> {
+        if (!p->done) co_await p->signal.async_wait(use_nothrow);
+        if (!p->done) co_return fail(Errc::cancelled, "store operation cancelled");
+        co_return ok();
+    };
+    auto r = co_await with_timeout(wait_done(op), limit);
+    if (!r) {
+        op->abandoned = true;
+        co_return r;
+    }
+    if (op->error) co_return fail(*op->error);
+    co_return ok();
+}
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,260 @@
+// TcpStoreServer key space: what each c10d request does to the keys, waiters and watchers.
+#include "store/tcp_store_server_impl.hpp"
+
+#include <tensorplay/core/log.hpp>
+
+#include <algorithm>
+
+namespace tensorplay::detail {
+
+using c10d::Op;
+
+namespace {
+std::span<const std::uint8_t> as_span(std::string_view s) {
+    return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+}  // namespace
+
+StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
+    : strand(asio::make_strand(std::move(ex))),
+      options(std::move(opts)),
+      limits{options.max_key_size, options.max_value_size, options.max_keys_per_request,
+             options.max_request_size} {}
+
+bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string& why) {
+    Bytes& out = c.out;
+    switch (r.op) {
+        case Op::validate:
+            // Only valid as the first request (consumed by the dialect sniffer); a repeat with the
+            // right magic is harmless, anything else is a confused client.
+            if (r.nonce != c10d::kValidationMagic) {
+                why = "VALIDATE with a wrong magic number";
+                return false;
+            }
+            return true;
+        case Op::set:
+            store(r.keys[0], r.values[0], false);
+            return true;
+        case Op::append:
+            store(r.keys[0], r.values[0], true);
+            return true;
+        case Op::multi_set:
+            for (std::size_t i = 0; i < r.keys.size(); ++i) store(r.keys[i], r.values[i], false);
+            return true;
+        case Op::compare_set:
+            compare_set(c, r.keys[0], r.values[0], r.values[1]);
+            return true;
+        case Op::get: {
+            // c10d 1.13 drops the connection for a missing key; clients always WAIT first, so
+            // answering empty bytes (as PyTorch's libuv server does) is compatible and kinder.
+            auto it = data.find(r.keys[0]);
+            if (it == data.end()) c10d::put_u64(out, 0);
+            else c10d::put_bytes(out, it->second);
+            return true;
+        }
+        case Op::multi_get:
+            for (auto key : r.keys) {
+                auto it = data.find(key);
+                if (it == data.end()) c10d::put_u64(out, 0);
+                else c10d::put_bytes(out, it->second);
+            }
+            return true;
+        case Op::add: return add(c, r.keys[0], r.integer, why);
+        case Op::check: {
+            bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](auto k) { return data.contains(k); });
+            c10d::put_u8(out, all ? c10d::kCheckReady : c10d::kCheckNotReady);
+            return true;
+        }
+        case Op::wait:
+            start_wait(c, r.keys);
+            return true;
+        case Op::cancel_wait:
+            cancel_waits(c);
+            c10d::put_u8(out, c10d::kWaitCanceled);
+            return true;
+        case Op::num_keys:
+            c10d::put_i64(out, static_cast<std::int64_t>(data.size()));
+            return true;
+        case Op::delete_key: {
+            auto it = data.find(r.keys[0]);
+            if (it == data.end()) {
+                c10d::put_i64(out, 0);
+                return true;
+            }
+            if (watchers.contains(r.keys[0])) {
+                Bytes old = std::move(it->second);
+                data.erase(it);
+                notify_watchers(r.keys[0], c10d::kWatchDeleted, old, {});
+            } else {
+                data.erase(it);
+            }
+            c10d::put_i64(out, 1);
+            return true;
+        }
+        case Op::watch_key: {
+            std::string key(r.keys[0]);
+            watchers[key].push_back(&c);
+            c.watch_keys.push_back(std::move(key));
+            c10d::put_u8(out, c10d::kWatchRegistered);
+            return true;
+        }
+        case Op::ping:
+            c10d::put_u32(out, r.nonce);
+            return true;
+        case Op::list:
+            c10d::put_i64(out, static_cast<std::int64_t>(data.size()));
+            for (const auto& kv : data) c10d::put_str(out, kv.first);
+            return true;
+    }
+    why = "unhandled query";
+    return false;
+}
+
+void StoreServerState::store(std::string_view key, std::span<const std::uint8_t> value, bool append) {
+    auto it = data.find(key);
+    const bool watched = !watchers.empty() && watchers.contains(key);
+    if (it == data.end()) {
+        it = data.emplace(std::string(key), Bytes(value.begin(), value.end())).first;
+        if (watched) notify_watchers(key, c10d::kWatchCreated, {}, it->second);
+    } else if (watched) {
+        Bytes old = it->second;
+        if (append) it->second.insert(it->second.end(), value.begin(), value.end());
+        else it->second.assign(value.begin(), value.end());
+        notify_watchers(key, c10d::kWatchUpdated, old, it->second);
+    } else if (append) {
+        it->second.insert(it->second.end(), value.begin(), value.end());
+    } else {
+        it->second.assign(value.begin(), value.end());
+    }
+    key_changed(key);
+}
+
+bool StoreServerState::add(StoreConn& c, std::string_view key, std::int64_t delta, std::string& why) {
+    auto it = data.find(key);
+    std::int64_t value = 0;
+    if (it != data.end()) {
+        auto current = c10d::parse_counter(it->second);
+        if (!current) {
+            why = "ADD on key \"" + c10d::printable(key) + "\" whose value is not an integer";
+            return false;
+        }
+        value = *current;
+    }
+    value = static_cast<std::int64_t>(static_cast<std::uint64_t>(value) + static_cast<std::uint64_t>(delta));
+    store(key, as_span(std::to_string(value)), false);
+    c10d::put_i64(c.out, value);
+    return true;
+}
+
+void StoreServerState::compare_set(StoreConn& c, std::string_view key, std::span<const std::uint8_t> expected,
+                                   std::span<const std::uint8_t> desired) {
+    auto it = data.find(key);
+    if (it == data.end()) {
+        if (expected.empty()) {
+            store(key, desired, false);
+            c10d::put_bytes(c.out, desired);
+        } else {
+            c10d::put_bytes(c.out, expected);  // c10d: absent key and non-empty expected => reply expected
+        }
+        return;
+    }
+    if (std::equal(it->second.begin(), it->second.end(), expected.begin(), expected.end())) {
+        store(key, desired, false);
+        it = data.find(key);
+    }
+    c10d::put_bytes(c.out, it->second);
+}
+
+void StoreServerState::key_changed(std::string_view key) {
+    if (waiters.empty()) return;
+    auto it = waiters.find(key);
+    if (it == waiters.end()) return;
+    auto refs = std::move(it->second);
+    waiters.erase(it);
+    for (const auto& ref : refs) {
+        StoreConn& c = *ref.conn;
+        auto w = std::find_if(c.waits.begin(), c.waits.end(), [&](const auto& x) { return x.id == ref.wait_id; });
+        if (w == c.waits.end() || --w->missing > 0) continue;
+        c.waits.erase(w);
+        if (c.waits.empty()) c.wait_keys.clear();
+        c10d::put_u8(c.out, c10d::kStopWaiting);
+        c.flush();
+    }
+}
+
+void StoreServerState::notify_watchers(std::string_view key, std::uint8_t event, std::span<const std::uint8_t> old_value,
+                                       std::span<const std::uint8_t> new_value) {
+    auto it = watchers.find(key);
+    if (it == watchers.end()) return;
+    for (StoreConn* w : it->second) {
+        c10d::put_u8(w->out, event);
+        c10d::put_str(w->out, key);
+        c10d::put_bytes(w->out, old_value);
+        c10d::put_bytes(w->out, new_value);
+        w->flush();
+    }
+}
+
+void StoreServerState::start_wait(StoreConn& c, const std::vector<std::string_view>& keys) {
+    std::size_t missing = 0;
+    for (auto k : keys) missing += data.contains(k) ? 0 : 1;
+    if (missing == 0) {
+        c10d::put_u8(c.out, c10d::kStopWaiting);
+        return;
+    }
+    const std::uint64_t id = c.next_wait_id++;
+    c.waits.push_back({id, missing});
+    for (auto k : keys) {
+        if (data.contains(k)) continue;
+        auto it = waiters.find(k);
+        if (it == waiters.end()) it = waiters.emplace(std::string(k), std::vector<WaitRef>{}).first;
+        it->second.push_back({&c, id});
+        c.wait_keys.emplace_back(k);
+    }
+}
+
+void StoreServerState::cancel_waits(StoreConn& c) {
+    for (const auto& key : c.wait_keys) {
+        auto it = waiters.find(key);
+        if (it == waiters.end()) continue;
+        std::erase_if(it->second, [&](const WaitRef& r) { return r.conn == &c; });
+        if (it->second.empty()) waiters.erase(it);
+    }
+    c.wait_keys.clear();
+    c.waits.clear();
+}
+
+void StoreServerState::close(StoreConn& c) {
+    if (c.closed) return;
+    c.closed = true;
+    cancel_waits(c);
+    for (const auto& key : c.watch_keys) {
+        auto it = watchers.find(key);
+        if (it == watchers.end()) continue;
+        std::erase(it->second, &c);
+        if (it->second.empty()) watchers.erase(it);
+    }
+    c.watch_keys.clear();
+    conns.erase(&c);
+    std::error_code ignored;
+    c.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    c.socket.close(ignored);
+    c.wake.cancel();
+    c.drained.cancel();
+}
+
+void StoreServerState::stop_all() {
+    if (stopped) return;
+    stopped = true;
+    for (auto& a : acceptors) {
+        std::error_code ignored;
+        a.close(ignored);
+    }
+    std::vector<StoreConn*> all(conns.begin(), conns.end());
+    for (StoreConn* c : all) close(*c);
+    if (!all.empty())
+        log(LogLevel::info, "store", "server on " + address + " stopped; closed " + std::to_string(all.size()) +
+                                         " connection(s)");
+}
+
+}  // namespace tensorplay::detail
