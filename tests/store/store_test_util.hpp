@@ -21,10 +21,11 @@
 
 /// REQUIRE(expr) for an expression containing co_await: GCC 12 evaluates a co_await inside Catch's
 /// REQUIRE more than once (the macro repeats the expression in an unevaluated-looking branch).
-#define CO_REQUIRE(...)            \
-    do {                           \
-        auto tp_r_ = (__VA_ARGS__);  \
-        REQUIRE(tp_r_);            \
+/// The expression must give a Result; a failure shows its error.
+#define CO_REQUIRE(...)                                          \
+    do {                                                         \
+        auto tp_r_ = (__VA_ARGS__);                              \
+        if (!tp_r_) FAIL(#__VA_ARGS__ << ": " << tp_r_.error()); \
     } while (false)
 
 namespace tensorplay::test {

@@ -1,0 +1,56 @@
+// FileStore: a Store kept in one file that several processes on one host share (file:// rendezvous).
+#pragma once
+
+#include <tensorplay/store/store.hpp>
+
+#include <memory>
+#include <string>
+
+namespace tensorplay {
+
+/// Settings of a FileStore.
+struct FileStoreOptions {
+    Duration timeout = Store::kDefaultTimeout;                       ///< default of get/wait/multi_get
+    Duration poll_min = std::chrono::milliseconds(1);                ///< first poll interval of a wait
+    Duration poll_max = std::chrono::milliseconds(50);               ///< the interval doubles up to this
+    std::size_t max_value_size = std::size_t(1) << 30;               ///< longest value written or read
+};
+
+/// A Store in a file: an append-only log of checksummed records that every process replays.
+/// Safe against concurrent writers (flock) and against a writer that dies mid-record (a torn
+/// tail is ignored by readers and cut off by the next writer). Waiting polls the file with a
+/// doubling, bounded interval on a timer, so no thread is blocked. Thread-safe; waits support
+/// Asio per-operation cancellation (Errc::cancelled). The file is never deleted by the store.
+/// Opening after fork() is not needed: a child process reopens the file on first use.
+class FileStore final : public Store {
+public:
+    /// Opens (creating if needed) the store file at `path`. Errors: io_error naming the path,
+    /// store_error when the file exists but is not a FileStore.
+    [[nodiscard]] static Result<std::shared_ptr<FileStore>> open(std::string path, FileStoreOptions options = {});
+    ~FileStore() override;
+    FileStore(const FileStore&) = delete;
+    FileStore& operator=(const FileStore&) = delete;
+
+    [[nodiscard]] const std::string& path() const noexcept;
+
+    [[nodiscard]] Task<Result<void>> set(std::string key, Bytes value) override;
+    [[nodiscard]] Task<Result<Bytes>> get(std::string key) override;
+    [[nodiscard]] Task<Result<std::int64_t>> add(std::string key, std::int64_t delta) override;
+    [[nodiscard]] Task<Result<Bytes>> compare_set(std::string key, Bytes expected, Bytes desired) override;
+    using Store::wait;
+    [[nodiscard]] Task<Result<void>> wait(std::vector<std::string> keys, Duration timeout) override;
+    [[nodiscard]] Task<Result<bool>> check(std::vector<std::string> keys) override;
+    [[nodiscard]] Task<Result<bool>> delete_key(std::string key) override;
+    [[nodiscard]] Task<Result<std::int64_t>> num_keys() override;
+    [[nodiscard]] Task<Result<void>> append(std::string key, Bytes value) override;
+    [[nodiscard]] Task<Result<std::vector<Bytes>>> multi_get(std::vector<std::string> keys) override;
+    [[nodiscard]] Task<Result<void>> multi_set(std::vector<std::string> keys, std::vector<Bytes> values) override;
+
+    struct State;
+    explicit FileStore(std::shared_ptr<State> state);
+
+private:
+    std::shared_ptr<State> state_;
+};
+
+}  // namespace tensorplay
