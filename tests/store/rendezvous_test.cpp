@@ -1,0 +1,304 @@
+// Tests of rendezvous: URL and environment errors (table), file:// across ranks, tcp:// and env:// with real servers.
+#include <tensorplay/store/rendezvous.hpp>
+
+#include <tensorplay/store/collectives.hpp>
+#include <tensorplay/store/prefix_store.hpp>
+#include <tensorplay/store/tcp_store.hpp>
+
+#include "store/store_test_util.hpp"
+#include "support/deadline.hpp"
+
+#include <asio/ip/tcp.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include <unistd.h>
+
+using namespace tensorplay;
+using namespace tensorplay::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+const char* const kVars[] = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE",
+                             "TORCHELASTIC_RESTART_COUNT"};
+
+// Sets the rendezvous variables for one test (unset unless given) and restores them afterwards.
+class EnvScope {
+public:
+    explicit EnvScope(const std::map<std::string, std::string>& values) {
+        for (const char* name : kVars) {
+            const char* old = std::getenv(name);
+            saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+            ::unsetenv(name);
+        }
+        for (const auto& [k, v] : values) ::setenv(k.c_str(), v.c_str(), 1);
+    }
+    ~EnvScope() {
+        for (const auto& [k, v] : saved_) {
+            if (v)
+                ::setenv(k.c_str(), v->c_str(), 1);
+            else
+                ::unsetenv(k.c_str());
+        }
+    }
+
+private:
+    std::map<std::string, std::optional<std::string>> saved_;
+};
+
+std::string temp_file(const std::string& name) {
+    auto p = std::filesystem::temp_directory_path() /
+             ("tp_rendezvous_test." + std::to_string(::getpid()) + "." + name);
+    std::filesystem::remove(p);
+    return p.string();
+}
+
+struct BadCase {
+    std::string url;
+    int rank, world;
+    std::map<std::string, std::string> env;
+    std::string says;
+};
+
+const std::map<std::string, std::string> kGoodEnv{
+    {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}};
+
+std::map<std::string, std::string> env_without(std::string name) {
+    auto e = kGoodEnv;
+    e.erase(name);
+    return e;
+}
+
+std::map<std::string, std::string> env_with(std::string name, std::string value) {
+    auto e = kGoodEnv;
+    e[name] = value;
+    return e;
+}
+
+// One rank of a file:// or tcp:// group: rendezvous, then gather every rank's name.
+// `from_url`: pass -1 for both, so that they come from the URL's query.
+Task<Result<std::vector<Bytes>>> rank_joins(std::string url, int rank, int world, bool from_url = false) {
+    auto rv = co_await rendezvous(url, from_url ? -1 : rank, from_url ? -1 : world, 5s);
+    if (!rv) co_return fail(rv.error());
+    if (rv->rank != rank || rv->world_size != world) co_return fail(Errc::internal, "rank/world_size not reported");
+    co_return co_await all_gather(*rv->store, rank, world, bytes("rank" + std::to_string(rank)));
+}
+
+// A port that was free a moment ago (bound and closed at once; a tiny race with other programs
+// is accepted in the two tests that need a fixed port).
+std::uint16_t free_port(Executor ex) {
+    asio::ip::tcp::acceptor a(ex, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    auto port = a.local_endpoint().port();
+    a.close();
+    return port;
+}
+
+std::vector<Bytes> names(int world) {
+    std::vector<Bytes> out;
+    for (int r = 0; r < world; ++r) out.push_back(bytes("rank" + std::to_string(r)));
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("rendezvous refuses bad URLs and environments naming the culprit", "[store]") {
+    const std::vector<BadCase> cases{
+        {"nonsense", 0, 1, {}, "not a URL"},
+        {"udp://h:1", 0, 1, {}, "unknown scheme \"udp://\""},
+        {"tcp://host", 0, 1, {}, "a port is required"},
+        {"tcp://host:abc", 0, 1, {}, "port \"abc\""},
+        {"tcp://host:70000", 0, 1, {}, "0..65535"},
+        {"tcp://:5", 0, 1, {}, "the host is empty"},
+        {"tcp://[::1:5", 0, 1, {}, "unterminated ["},
+        {"tcp://::1:5", 0, 1, {}, "must be in brackets"},
+        {"tcp://h:5", -1, 2, {}, "rank is not set"},
+        {"tcp://h:5", 0, -1, {}, "world_size is not set"},
+        {"tcp://h:5?rank=x", -1, 2, {}, "rank=\"x\" is not an integer"},
+        {"tcp://h:5?rank", -1, 2, {}, "\"rank\" is not name=value"},
+        {"tcp://h:5", 2, 2, {}, "rank 2 is outside the world [0, 2)"},
+        {"tcp://h:5?rank=3&world_size=3", -1, -1, {}, "rank 3 is outside the world [0, 3)"},
+        {"tcp://h:5", 0, 0, {}, "world_size must be at least 1"},
+        {"tcp://h:0", 1, 2, {}, "port 0 is only for the rank that hosts"},
+        {"file://", 0, 1, {}, "no path after file://"},
+        {"file:///tmp/x", 0, -1, {}, "world_size is not set"},
+        {"env://", -1, -1, env_without("MASTER_ADDR"), "environment variable MASTER_ADDR expected, but not set"},
+        {"env://", -1, -1, env_without("MASTER_PORT"), "environment variable MASTER_PORT expected, but not set"},
+        {"env://", -1, -1, env_without("RANK"), "environment variable RANK expected, but not set"},
+        {"env://", -1, -1, env_without("WORLD_SIZE"), "environment variable WORLD_SIZE expected, but not set"},
+        {"env://", -1, -1, env_with("MASTER_PORT", "http"), "MASTER_PORT must be an integer, got \"http\""},
+        {"env://", -1, -1, env_with("MASTER_PORT", "99999"), "MASTER_PORT must be in 0..65535"},
+        {"env://", -1, -1, env_with("WORLD_SIZE", "two"), "WORLD_SIZE must be an integer, got \"two\""},
+        {"env://", -1, -1, env_with("RANK", "5"), "rank 5 is outside the world [0, 2)"},
+        {"env://", -1, -1, env_with("RANK", "1x"), "RANK must be an integer"},
+        {"env://", -1, -1, env_with("TORCHELASTIC_USE_AGENT_STORE", "True"),
+         "environment variable TORCHELASTIC_RESTART_COUNT expected, but not set"},
+        {"env://host:1", -1, -1, kGoodEnv, "env:// takes no address"},
+    };
+    for (const auto& c : cases) {
+        EnvScope env(c.env);
+        INFO("init_method " << c.url << " rank " << c.rank << " world " << c.world);
+        run_with_deadline(5s, [&c]() -> Task<void> {
+            auto start = Clock::now();
+            auto r = co_await rendezvous(c.url, c.rank, c.world, 5s);
+            REQUIRE_FALSE(r);
+            REQUIRE(r.error().code() == Errc::invalid_argument);
+            INFO(r.error().message());
+            REQUIRE(r.error().message().find(c.says) != std::string::npos);
+            REQUIRE(Clock::now() - start < 1s);  // refused before any connection attempt
+        });
+    }
+}
+
+TEST_CASE("file:// rendezvous gives every rank one shared store", "[store]") {
+    auto path = temp_file("group");
+    run_with_deadline(10s, [path]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        constexpr int kWorld = 4;
+        std::vector<std::unique_ptr<Spawned<std::vector<Bytes>>>> ranks;
+        for (int r = 0; r < kWorld; ++r) {
+            // half the ranks give rank and world_size in the URL instead of the arguments
+            auto url = "file://" + path + (r % 2 ? "?rank=" + std::to_string(r) + "&world_size=4" : "");
+            ranks.push_back(std::make_unique<Spawned<std::vector<Bytes>>>(
+                ex, rank_joins(url, r, kWorld, r % 2 == 1)));
+        }
+        for (auto& r : ranks) {
+            auto v = co_await r->join();
+            CO_REQUIRE(v);
+            REQUIRE(*v == names(kWorld));
+        }
+    });
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("tcp:// rendezvous: rank 0 hosts on an ephemeral port, the others join it", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        constexpr int kWorld = 3;
+        auto host = co_await rendezvous("tcp://127.0.0.1:0", 0, kWorld, 5s);
+        CO_REQUIRE(host);
+        REQUIRE(host->server);
+        const auto port = std::to_string(host->server->port());
+        Spawned<std::vector<Bytes>> r0(ex, all_gather(*host->store, 0, kWorld, bytes("rank0")));
+        std::vector<std::unique_ptr<Spawned<std::vector<Bytes>>>> others;
+        for (int r = 1; r < kWorld; ++r)
+            others.push_back(std::make_unique<Spawned<std::vector<Bytes>>>(
+                ex, rank_joins("tcp://127.0.0.1:" + port, r, kWorld)));
+        auto v0 = co_await r0.join();
+        CO_REQUIRE(v0);
+        REQUIRE(*v0 == names(kWorld));
+        for (auto& o : others) {
+            auto v = co_await o->join();
+            CO_REQUIRE(v);
+            REQUIRE(*v == names(kWorld));
+        }
+    });
+}
+
+TEST_CASE("tcp:// rendezvous on a fixed port: rank 0 waits for the world to connect", "[store]") {
+    run_with_deadline(15s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto port = free_port(ex);
+        const auto url = "tcp://127.0.0.1:" + std::to_string(port);
+        Spawned<Rendezvous> r0(ex, rendezvous(url, 0, 2, 5s));
+        co_await pause(50ms);
+        if (r0.ready()) {
+            auto early = co_await r0.join();
+            FAIL("rank 0 returned before rank 1 joined: " << (early ? std::string("ok") : early.error().to_string()));
+        }
+        auto r1 = co_await rendezvous(url, 1, 2, 5s);
+        CO_REQUIRE(r1);
+        REQUIRE_FALSE(r1->server);
+        auto host = co_await r0.join();
+        CO_REQUIRE(host);
+        REQUIRE(host->server);
+        CO_REQUIRE(co_await r1->store->set("hello", bytes("from 1")));
+        auto v = co_await host->store->get("hello");
+        REQUIRE((v && *v == bytes("from 1")));
+    });
+}
+
+TEST_CASE("env:// rendezvous reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        CO_REQUIRE(server);
+        const auto port = std::to_string((*server)->port());
+        {
+            EnvScope env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"RANK", "1"}, {"WORLD_SIZE", "2"}});
+            auto rv = co_await rendezvous("env://", -1, -1, 5s);
+            CO_REQUIRE(rv);
+            REQUIRE(rv->rank == 1);
+            REQUIRE(rv->world_size == 2);
+            REQUIRE_FALSE(rv->server);  // rank 1 never hosts
+            CO_REQUIRE(co_await rv->store->set("via-env", bytes("x")));
+            // the arguments win over the environment
+            auto rv2 = co_await rendezvous("env://", 1, 3, 5s);
+            CO_REQUIRE(rv2);
+            REQUIRE(rv2->world_size == 3);
+        }
+        TcpStoreOptions o;
+        o.port = (*server)->port();
+        auto check = co_await TcpStore::connect(ex, o);
+        CO_REQUIRE(check);
+        auto v = co_await (*check)->get("via-env");
+        REQUIRE((v && *v == bytes("x")));
+    });
+}
+
+TEST_CASE("env:// rank 0 hosts the store itself", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        EnvScope env({{"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "0"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+        auto rv = co_await rendezvous("env://", -1, -1, 5s);
+        CO_REQUIRE(rv);
+        REQUIRE(rv->server);
+        REQUIRE(rv->server->port() != 0);
+        auto g = co_await all_gather(*rv->store, 0, 1, bytes("me"));
+        CO_REQUIRE(g);
+    });
+}
+
+TEST_CASE("env:// with the agent store connects as a client under /worker/attempt_N", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = TcpStoreServer::start(ex, {.host = "127.0.0.1"});  // the launcher's store
+        CO_REQUIRE(server);
+        const auto port = std::to_string((*server)->port());
+        {
+            EnvScope env({{"MASTER_ADDR", "127.0.0.1"},
+                          {"MASTER_PORT", port},
+                          {"RANK", "0"},
+                          {"WORLD_SIZE", "2"},
+                          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                          {"TORCHELASTIC_RESTART_COUNT", "3"}});
+            auto rv = co_await rendezvous("env://", -1, -1, 5s);
+            CO_REQUIRE(rv);
+            REQUIRE_FALSE(rv->server);  // rank 0 too is only a client
+            auto prefixed = std::dynamic_pointer_cast<PrefixStore>(rv->store);
+            REQUIRE(prefixed);
+            REQUIRE(prefixed->prefix() == "/worker/attempt_3");
+            CO_REQUIRE(co_await rv->store->set("k", bytes("v")));
+        }
+        TcpStoreOptions o;
+        o.port = (*server)->port();
+        auto raw = co_await TcpStore::connect(ex, o);
+        CO_REQUIRE(raw);
+        auto v = co_await (*raw)->get("/worker/attempt_3/k");
+        REQUIRE((v && *v == bytes("v")));
+    });
+}
+
+TEST_CASE("tcp:// rendezvous with no server times out naming the URL", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto port = free_port(ex);
+        const auto url = "tcp://127.0.0.1:" + std::to_string(port);
+        auto r = co_await rendezvous(url, 1, 2, 300ms);
+        REQUIRE_FALSE(r);
+        INFO(r.error().to_string());
+        REQUIRE(r.error().message().find(url) != std::string::npos);
+    });
+}
