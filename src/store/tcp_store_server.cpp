@@ -272,17 +272,21 @@ void TcpStoreServer::stop() {
     asio::dispatch(impl_->strand, [impl = impl_] { impl->stop_all(); });
 }
 
+namespace {
+// Named coroutines (not capturing lambdas) so that the state they read outlives them for sure.
+Task<std::size_t> count_keys(std::shared_ptr<TcpStoreServer::Impl> impl) { co_return impl->data.size(); }
+Task<std::size_t> count_connections(std::shared_ptr<TcpStoreServer::Impl> impl) { co_return impl->conns.size(); }
+}  // namespace
+
 Task<std::size_t> TcpStoreServer::num_keys() const {
     auto impl = impl_;
-    auto [e, n] = co_await asio::co_spawn(
-        impl->strand, [impl]() -> Task<std::size_t> { co_return impl->data.size(); }, detail::use_nothrow);
+    auto [e, n] = co_await asio::co_spawn(impl->strand, count_keys(impl), detail::use_nothrow);
     co_return e ? 0 : n;
 }
 
 Task<std::size_t> TcpStoreServer::num_connections() const {
     auto impl = impl_;
-    auto [e, n] = co_await asio::co_spawn(
-        impl->strand, [impl]() -> Task<std::size_t> { co_return impl->conns.size(); }, detail::use_nothrow);
+    auto [e, n] = co_await asio::co_spawn(impl->strand, count_connections(impl), detail::use_nothrow);
     co_return e ? 0 : n;
 }
 
