@@ -116,6 +116,9 @@ inline bool reap(pid_t pid) {
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return false;
+    if (WIFSIGNALED(status)) std::fprintf(stderr, "rpc_bench: worker %d killed by signal %d\n", pid, WTERMSIG(status));
+    else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        std::fprintf(stderr, "rpc_bench: worker %d exited with %d\n", pid, WEXITSTATUS(status));
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 

@@ -76,6 +76,10 @@ inline Task<int> callee_main(int port_pipe, const ResultPipe& out) {
     auto down = co_await (*agent)->shutdown(true, 300);
     if (!down) std::fprintf(stderr, "rpc_bench callee: shutdown: %s\n", down.error().to_string().c_str());
     set_default_agent(nullptr, {});
+    // This process hosts the store: it stays until the caller's shutdown no longer needs it.
+    std::vector<std::string> done_key{"bench/caller_done"};
+    if (auto w = co_await store->wait(done_key, std::chrono::seconds(120)); !w)
+        std::fprintf(stderr, "rpc_bench callee: %s\n", w.error().to_string().c_str());
     out.put("rss_callee", peak_rss_mib());
     (*server)->stop();
     co_return down ? 0 : 1;
@@ -85,14 +89,17 @@ inline Task<bool> echo_small(RpcAgent& agent, const Bytes& payload) {
     Message m;
     m.payload = payload;
     auto r = co_await agent.rpc_async("callee", "echo", std::move(m));
+    if (!r) std::fprintf(stderr, "rpc_bench: echo: %s\n", r.error().to_string().c_str());
     co_return r && r->payload.size() == payload.size();
 }
 
 inline Task<void> depth_worker(RpcAgent& agent, const Bytes& payload, long& issued, long total, bool& ok) {
     while (issued < total) {
         ++issued;
-        if (!co_await echo_small(agent, payload)) ok = false;
+        const bool good = co_await echo_small(agent, payload);
+        if (!good) ok = false;
     }
+    co_return;
 }
 
 /// Calls per second with `depth` calls in flight.
@@ -135,6 +142,10 @@ inline Task<double> echo_gbps(RpcAgent& agent, std::size_t size, int reps, bool&
     co_return percentile(gbps, 50);
 }
 
+inline void progress(const char* what) {
+    if (std::getenv("RPC_BENCH_VERBOSE")) std::fprintf(stderr, "rpc_bench: %s\n", what);
+}
+
 inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPipe& out) {
     std::uint16_t port = 0;
     if (::read(port_pipe, &port, sizeof port) != sizeof port) co_return 1;
@@ -152,26 +163,36 @@ inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPi
     std::vector<double> rtt;
     for (int i = 0; i < cfg.iters + cfg.iters / 10; ++i) {
         const double t0 = now_us();
-        if (!co_await echo_small(*agent, payload)) ok = false;
+        const bool good = co_await echo_small(*agent, payload);
+        if (!good) ok = false;
         if (i >= cfg.iters / 10) rtt.push_back(now_us() - t0);
     }
+    progress("p50_us");
     out.put("p50_us", percentile(rtt, 50));
     out.put("p99_us", percentile(rtt, 99));
     // (each result lands in a local first: GCC 12 mishandles a std::string temporary that lives
     // across a co_await in the same full expression)
     const double c1 = co_await calls_per_s(*agent, 1, std::max<long>(cfg.calls / 5, 1000), ok);
+    progress("calls_per_s_1");
     out.put("calls_per_s_1", c1);
     const double c16 = co_await calls_per_s(*agent, 16, cfg.calls, ok);
+    progress("calls_per_s_16");
     out.put("calls_per_s_16", c16);
     const double c128 = co_await calls_per_s(*agent, 128, cfg.calls, ok);
+    progress("calls_per_s_128");
     out.put("calls_per_s_128", c128);
     const double g1 = co_await echo_gbps(*agent, std::size_t{1} << 20, cfg.reps_1mib, ok);
+    progress("gbps_1mib");
     out.put("gbps_1mib", g1);
     const double g64 = co_await echo_gbps(*agent, std::size_t{64} << 20, cfg.reps_64mib, ok);
+    progress("gbps_64mib");
     out.put("gbps_64mib", g64);
+    progress("shutdown");
     auto down = co_await agent->shutdown(true, 300);
     if (!down) std::fprintf(stderr, "rpc_bench caller: shutdown: %s\n", down.error().to_string().c_str());
     set_default_agent(nullptr, {});
+    Bytes one{1};
+    if (auto s = co_await store->set("bench/caller_done", one); !s) co_return 1;
     out.put("rss_caller", peak_rss_mib());
     co_return (ok && down) ? 0 : 1;
 }
@@ -180,7 +201,19 @@ inline int run_child(int cpu, std::function<Task<int>()> body) {
     pin_to(cpu);
     asio::io_context ctx(1);
     int rc = 1;
-    asio::co_spawn(ctx, body(), [&](std::exception_ptr e, int r) { rc = e ? 3 : r; });
+    asio::co_spawn(ctx, body(), [&](std::exception_ptr e, int r) {
+        rc = r;
+        if (e) {
+            rc = 3;
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                std::fprintf(stderr, "rpc_bench: worker threw: %s\n", ex.what());
+            } catch (...) {
+                std::fprintf(stderr, "rpc_bench: worker threw\n");
+            }
+        }
+    });
     ctx.run();
     return rc;
 }
