@@ -101,7 +101,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     void close_local(const Error& reason);
     [[nodiscard]] HelloInfo hello() const;
     [[nodiscard]] Result<void> listen();
-    [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout);
+    /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
+    [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 
     // ---- native_agent_calls.cpp ----
     [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);

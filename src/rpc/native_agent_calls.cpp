@@ -254,7 +254,10 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     auto it = rank_of.find(to);
     if (it == rank_of.end()) {
         std::string known;
-        for (auto& w : workers) known += (known.empty() ? "" : ", ") + w.name;
+        for (auto& w : workers) {
+            if (!known.empty()) known += ", ";
+            known += w.name;
+        }
         co_return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
     }
     double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
@@ -302,9 +305,10 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     f.payload = std::move(message.payload);
     f.tensors = std::move(message.tensors);
     if (auto s = conn->send(std::move(f)); !s) {
-        auto e = std::move(s).error();
-        co_return fail(e.code() == Errc::invalid_argument ? std::move(e)
-                                                          : Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to));
+        Error e = std::move(s).error();
+        if (e.code() != Errc::invalid_argument)
+            e = Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to);
+        co_return fail(std::move(e));
     }
     PendingCall pc(ex);
     pc.conn = conn.get();

@@ -10,6 +10,8 @@
 #include "core/asio_compat.hpp"
 #include "rpc/native_agent_factory.hpp"
 
+#include <tensorplay/rpc/device_map_exchange.hpp>
+
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/ip/address.hpp>
@@ -86,35 +88,11 @@ struct PeerRecord {
     int rank = -1;
     std::string host;
     std::uint16_t port = 0;
-    int device_count = 0;
-    DeviceMaps maps;
-    std::vector<Device> devices;
 };
-
-void put_device(WireWriter& w, Device d) {
-    w.u8(static_cast<std::uint8_t>(d.type)).i32(d.index);
-}
-
-Device get_device(WireReader& r) {
-    auto t = r.u8();
-    auto i = r.i32();
-    if (t > 1) r.set_error(Errc::protocol_error, "unknown device type in a worker record");
-    return Device{static_cast<DeviceType>(t), i};
-}
 
 Bytes encode_record(const PeerRecord& p) {
     WireWriter w;
-    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).str32(p.host).u16(p.port).i32(p.device_count);
-    w.u32(static_cast<std::uint32_t>(p.maps.size()));
-    for (auto& [to, map] : p.maps) {
-        w.str32(to).u32(static_cast<std::uint32_t>(map.size()));
-        for (auto& [a, b] : map) {
-            put_device(w, a);
-            put_device(w, b);
-        }
-    }
-    w.u32(static_cast<std::uint32_t>(p.devices.size()));
-    for (auto& d : p.devices) put_device(w, d);
+    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).str32(p.host).u16(p.port);
     return std::move(w).take();
 }
 
@@ -126,22 +104,7 @@ Result<PeerRecord> decode_record(const Bytes& b) {
     p.rank = r.i32();
     p.host = std::string(r.str32(1024, "host"));
     p.port = r.u16();
-    p.device_count = r.i32();
-    auto nmaps = r.u32();
-    for (std::uint32_t i = 0; i < nmaps && !r.failed() && i < 65536; ++i) {
-        std::string to(r.str32(1024, "worker name"));
-        auto n = r.u32();
-        DeviceMap m;
-        for (std::uint32_t k = 0; k < n && !r.failed() && k < 4096; ++k) {
-            Device a = get_device(r);
-            Device c = get_device(r);
-            m.emplace(a, c);
-        }
-        p.maps.emplace(std::move(to), std::move(m));
-    }
-    auto nd = r.u32();
-    for (std::uint32_t i = 0; i < nd && !r.failed() && i < 4096; ++i) p.devices.push_back(get_device(r));
-    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a worker record from the store"));
+    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a worker address from the store"));
     if (version != kProtocolVersion)
         return fail(Errc::protocol_error, "worker \"" + p.name + "\" runs agent protocol version " + std::to_string(version) +
                                               ", this worker runs version " + std::to_string(kProtocolVersion));
@@ -253,28 +216,47 @@ Result<void> AgentCore::listen() {
     return ok();
 }
 
-Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout) {
+Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool watch_peers) {
     const std::string base = std::string(kKeyPrefix) + name + "/";
     if (auto r = co_await store->set(base + "arrived/" + std::to_string(self.id), to_bytes("1")); !r) co_return r;
     auto n = co_await store->add(base + "count", 1);
     if (!n) co_return fail(n.error());
     if (*n == world_size)
         if (auto r = co_await store->set(base + "done", to_bytes("1")); !r) co_return r;
-    std::vector<std::string> done_key(1, base + "done");
-    auto w = co_await store->wait(std::move(done_key), timeout);
-    if (w) co_return ok();
-    if (w.error().code() != Errc::timeout) co_return w;
-    std::string missing;
-    for (auto& wi : workers) {
-        std::vector<std::string> key(1, base + "arrived/" + std::to_string(wi.id));
-        auto c = co_await store->check(std::move(key));
-        if (c && !*c) {
-            if (!missing.empty()) missing += ", ";
-            missing += "\"" + wi.name + "\"";
+    const auto deadline = timeout > Duration::zero() ? Clock::now() + timeout : Clock::time_point::max();
+    // Wait in slices so that a worker that died (unreachable, never arrived) ends the wait with its
+    // name instead of hanging until the deadline, or forever without one.
+    for (;;) {
+        Duration slice = std::chrono::milliseconds(watch_peers ? 200 : 1000);
+        if (deadline != Clock::time_point::max()) slice = std::min(slice, std::max(Duration(std::chrono::milliseconds(1)), deadline - Clock::now()));
+        std::vector<std::string> done_key(1, base + "done");
+        auto w = co_await store->wait(std::move(done_key), slice);
+        if (w) co_return ok();
+        if (w.error().code() != Errc::timeout) co_return w;
+        std::vector<int> missing;
+        for (auto& wi : workers) {
+            std::vector<std::string> key(1, base + "arrived/" + std::to_string(wi.id));
+            auto c = co_await store->check(std::move(key));
+            if (c && !*c) missing.push_back(wi.id);
+        }
+        std::string names;
+        for (int r : missing) {
+            if (!names.empty()) names += ", ";
+            names += "\"" + workers[r].name + "\"";
+        }
+        if (Clock::now() >= deadline) {
+            if (names.empty()) names = "(unknown)";
+            co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + names + " did not arrive");
+        }
+        if (!watch_peers) continue;
+        for (int r : missing) {
+            if (r == self.id || state == State::closed) continue;
+            auto c = co_await ensure_connected(r, std::chrono::milliseconds(500));
+            if (!c)
+                co_return fail(Errc::connection_lost, "barrier \"" + name + "\": worker \"" + workers[r].name +
+                                                          "\" is unreachable and did not arrive (" + c.error().message() + ")");
         }
     }
-    if (missing.empty()) missing = "(unknown)";
-    co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + missing + " did not arrive");
 }
 
 Task<Result<void>> AgentCore::start() {
@@ -287,8 +269,7 @@ Task<Result<void>> AgentCore::start() {
     asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
 
     const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
-    PeerRecord mine{self.name, self.id, host, port, local_cuda_device_count(),
-                    tp_options ? tp_options->device_maps : DeviceMaps{}, tp_options ? tp_options->devices : std::vector<Device>{}};
+    PeerRecord mine{self.name, self.id, host, port};
     const std::string info = std::string(kKeyPrefix) + "info/";
     if (auto r = co_await store->set(info + std::to_string(self.id), encode_record(mine)); !r)
         co_return fail(std::move(r).error().context("publishing the address of worker \"" + self.name + "\""));
@@ -305,31 +286,34 @@ Task<Result<void>> AgentCore::start() {
         if (!rec) co_return fail(rec.error());
         records.push_back(std::move(*rec));
     }
-    std::vector<std::string> names;
-    std::map<std::string, int, std::less<>> counts;
-    std::map<std::string, DeviceMaps, std::less<>> all_maps;
-    std::map<std::string, std::vector<Device>, std::less<>> all_devices;
     peers.resize(world_size);
     for (int r = 0; r < world_size; ++r) {
         auto& rec = records[r];
-        if (rec.rank != r) co_return fail(Errc::protocol_error, "the store's record for rank " + std::to_string(r) + " names rank " + std::to_string(rec.rank));
+        if (rec.rank != r)
+            co_return fail(Errc::protocol_error, "the store's record for rank " + std::to_string(r) + " names rank " +
+                                                     std::to_string(rec.rank));
         if (auto [it, ins] = rank_of.emplace(rec.name, r); !ins)
             co_return fail(Errc::invalid_argument, "RPC worker name " + rec.name + " is not unique. Workers " +
-                                                       std::to_string(it->second) + " and " + std::to_string(r) + " share the same name.");
+                                                       std::to_string(it->second) + " and " + std::to_string(r) +
+                                                       " share the same name.");
         workers.push_back(WorkerInfo{rec.name, r});
-        names.push_back(rec.name);
-        counts[rec.name] = rec.device_count;
-        all_maps[rec.name] = rec.maps;
-        all_devices[rec.name] = rec.devices;
         peers[r].info = workers.back();
         peers[r].host = rec.host;
         peers[r].port = rec.port;
     }
-    if (auto v = validate_device_maps(names, counts, all_maps, all_devices, true); !v) co_return fail(v.error());
-    auto reverse = create_reverse_mapping(self.name, names, all_maps);
+    // The seed's exchange: every worker's maps checked as a static group, my reverse maps built.
+    DeviceMaps my_maps;
+    if (tp_options) my_maps = tp_options->device_maps;
+    std::vector<Device> my_devices;
+    if (tp_options) my_devices = tp_options->devices;
+    // Arguments built beforehand: GCC 12 mis-destroys conditional-expression temporaries in co_await.
+    auto exchanged = co_await exchange_and_check_all_device_maps(*store, self.name, self.id, world_size,
+                                                                 local_cuda_device_count(), my_maps, std::move(my_devices));
+    if (!exchanged) co_return fail(exchanged.error());
     for (auto& p : peers) {
-        if (auto it = mine.maps.find(p.info.name); it != mine.maps.end()) p.map = it->second;
-        if (auto it = reverse.find(p.info.name); it != reverse.end()) p.reverse = it->second;
+        if (auto it = my_maps.find(p.info.name); it != my_maps.end()) p.map = it->second;
+        if (auto it = exchanged->reverse_device_maps.find(p.info.name); it != exchanged->reverse_device_maps.end())
+            p.reverse = it->second;
     }
     state = State::running;
 
@@ -338,7 +322,7 @@ Task<Result<void>> AgentCore::start() {
         auto c = co_await ensure_connected(r, tuning.limits.handshake_timeout);
         if (!c) co_return fail(c.error());
     }
-    if (auto b = co_await barrier("ready", wait_limit); !b)
+    if (auto b = co_await barrier("ready", wait_limit, false); !b)
         co_return fail(std::move(b).error().context("waiting until every worker is connected"));
     co_return ok();
 }
@@ -366,8 +350,25 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
         if (result) {
             Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
             if (left < Duration::zero() && deadline != Clock::time_point::max()) left = Duration(1);
-            auto b = co_await barrier("shutdown/" + std::to_string(++shutdown_round), left);
+            const std::string round = "shutdown/" + std::to_string(++shutdown_round);
+            auto b = co_await barrier(round, left, true);
             if (!b) result = fail(std::move(b).error().context("graceful shutdown of worker \"" + self.name + "\""));
+            if (b && world_size > 1) {
+                // Rank 0 usually hosts the store: it leaves last, once every other worker has read the
+                // barrier's result, so that nobody loses the store while still waiting on it.
+                const std::string left_key = std::string(kKeyPrefix) + round + "/left";
+                if (self.id != 0) {
+                    auto n = co_await store->add(left_key, 1);
+                    if (n && *n == world_size - 1) (void)co_await store->set(left_key + "/all", to_bytes("1"));
+                } else {
+                    std::vector<std::string> all(1, left_key + "/all");
+                    Duration grace = std::chrono::seconds(5);
+                    if (deadline != Clock::time_point::max()) grace = std::max(Duration(std::chrono::milliseconds(1)), deadline - Clock::now());
+                    if (auto w = co_await store->wait(std::move(all), grace); !w)
+                        log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" leaves before every worker confirmed the shutdown: " +
+                                                       w.error().to_string());
+                }
+            }
         }
     }
     close_local(Error(Errc::shutdown, "the agent of worker \"" + self.name + "\" was shut down", self.name));

@@ -173,8 +173,8 @@ struct ConnectionState {
         if (auto r = co_await read_into(f.payload.data(), f.payload.size()); !r) co_return fail(r.error());
         f.tensors.reserve(meta->tensors.size());
         for (auto& desc : meta->tensors) {
-            Result<Tensor> t = allocator ? allocator(desc)
-                                         : fail(Errc::device_error, "no tensor allocator on this connection");
+            Result<Tensor> t = fail(Errc::device_error, "no tensor allocator on this connection");
+            if (allocator) t = allocator(desc);
             if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
                 t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
             if (!t) {

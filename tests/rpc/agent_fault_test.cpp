@@ -62,12 +62,18 @@ TEST_CASE("garbage, a huge length or half a frame closes that connection and the
 
         auto garbage = co_await raw_connect(addr);
         co_await send_raw(garbage, bytes("this is not a hello, it is garbage........"));
-        CHECK(co_await closed_by_peer(garbage));
+        {
+            auto awaited = co_await closed_by_peer(garbage);
+            CHECK(awaited);
+        }
 
         auto huge = co_await raw_connect(addr);
         co_await send_raw(huge, detail::encode_hello(raw_hello()));
         co_await send_raw(huge, frame_header(0, std::uint64_t(1) << 50));
-        CHECK(co_await closed_by_peer(huge));
+        {
+            auto awaited = co_await closed_by_peer(huge);
+            CHECK(awaited);
+        }
 
         auto half = co_await raw_connect(addr);
         co_await send_raw(half, detail::encode_hello(raw_hello()));
@@ -98,7 +104,8 @@ TEST_CASE("when a peer goes away its pending calls fail with connection_lost at 
                            [&pending, i](std::exception_ptr, Result<Message> r) { pending[i] = std::move(r); });
         co_await test::sleep_for(20ms);
         auto t0 = Clock::now();
-        REQUIRE(co_await g[1]->shutdown(false));  // worker1 vanishes without a goodbye
+        auto gone = co_await g[1]->shutdown(false);  // worker1 vanishes without a goodbye
+        REQUIRE(gone);
         while (!pending[4] && Clock::now() - t0 < 2s) co_await test::sleep_for(1ms);
         CHECK(Clock::now() - t0 < 1s);
         for (auto& p : pending) {
@@ -108,12 +115,21 @@ TEST_CASE("when a peer goes away its pending calls fail with connection_lost at 
             CHECK(p->error().message().find("worker1") != std::string::npos);
         }
         // Calls to others are unaffected; a new call to the dead worker fails fast.
-        CHECK(co_await g[0]->rpc_async("worker2", "echo", {}));
+        {
+            auto awaited = co_await g[0]->rpc_async("worker2", "echo", {});
+            CHECK(awaited);
+        }
         auto dead = co_await g[0]->rpc_async("worker1", "echo", {}, 2);
         REQUIRE_FALSE(dead);
         CHECK(dead.error().code() == Errc::connection_lost);
-        REQUIRE(co_await g[0]->shutdown(false));
-        REQUIRE(co_await g[2]->shutdown(false));
+        {
+            auto awaited = co_await g[0]->shutdown(false);
+            REQUIRE(awaited);
+        }
+        {
+            auto awaited = co_await g[2]->shutdown(false);
+            REQUIRE(awaited);
+        }
     });
 }
 

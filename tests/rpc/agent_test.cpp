@@ -173,7 +173,10 @@ TEST_CASE("a handler that fails or throws gives remote_error with the worker and
         CHECK(c.error().message().find("boom on the pool") != std::string::npos);
         // The connection survived all of that.
         test::register_echo(g);
-        CHECK(co_await g[0]->rpc_async("worker1", "echo", {}));
+        {
+            auto awaited = co_await g[0]->rpc_async("worker1", "echo", {});
+            CHECK(awaited);
+        }
         co_await test::shutdown_all(g);
     });
 }
@@ -201,7 +204,10 @@ TEST_CASE("registering a handler name twice is already_registered", "[rpc][agent
         REQUIRE(un);
         auto gone = co_await g[0]->rpc_async("worker1", "echo", {});
         CHECK(gone.error().code() == Errc::not_found);
-        CHECK((co_await g[1]->unregister_handler("echo")).error().code() == Errc::not_found);
+        {
+            auto awaited = co_await g[1]->unregister_handler("echo");
+            CHECK(awaited.error().code() == Errc::not_found);
+        }
         co_await test::shutdown_all(g);
     });
 }
@@ -265,12 +271,18 @@ TEST_CASE("a local shutdown ends pending calls with shutdown", "[rpc][agent]") {
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0),
                        [&](std::exception_ptr, Result<Message> r) { pending = std::move(r); });
         co_await test::sleep_for(20ms);
-        REQUIRE(co_await g[0]->shutdown(false));
+        {
+            auto awaited = co_await g[0]->shutdown(false);
+            REQUIRE(awaited);
+        }
         co_await test::sleep_for(1ms);
         REQUIRE(pending);
         REQUIRE_FALSE(*pending);
         CHECK(pending->error().code() == Errc::shutdown);
-        REQUIRE(co_await g[1]->shutdown(false));
+        {
+            auto awaited = co_await g[1]->shutdown(false);
+            REQUIRE(awaited);
+        }
     });
 }
 
@@ -284,8 +296,14 @@ TEST_CASE("a graceful shutdown with a worker that never arrives times out and na
         CHECK(r.error().code() == Errc::timeout);
         CHECK(r.error().message().find("worker1") != std::string::npos);
         CHECK(r.error().message().find("worker2") != std::string::npos);
-        REQUIRE(co_await g[1]->shutdown(false));
-        REQUIRE(co_await g[2]->shutdown(false));
+        {
+            auto awaited = co_await g[1]->shutdown(false);
+            REQUIRE(awaited);
+        }
+        {
+            auto awaited = co_await g[2]->shutdown(false);
+            REQUIRE(awaited);
+        }
     });
 }
 
@@ -293,8 +311,27 @@ TEST_CASE("destroying agents that were not shut down neither crashes nor hangs",
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         test::register_echo(g);
-        REQUIRE(co_await g[0]->rpc_async("worker1", "echo", {}));
+        {
+            auto awaited = co_await g[0]->rpc_async("worker1", "echo", {});
+            REQUIRE(awaited);
+        }
         g.agents.clear();
         co_await test::sleep_for(10ms);
+    });
+}
+
+TEST_CASE("a graceful shutdown without a timeout does not hang on a worker that is gone", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        {
+            auto gone = co_await g[1]->shutdown(false);  // worker1 leaves without the barrier
+            REQUIRE(gone);
+        }
+        auto t0 = Clock::now();
+        auto r = co_await g[0]->shutdown(true, 0);
+        CHECK(Clock::now() - t0 < 2s);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+        CHECK(r.error().message().find("worker1") != std::string::npos);
     });
 }

@@ -1,0 +1,208 @@
+// Native agent across processes: forked workers rendezvous over a TcpStore, echo, and survive a SIGKILLed peer.
+#include "rpc/agent_test_util.hpp"
+
+#include <tensorplay/store/collectives.hpp>
+#include <tensorplay/store/tcp_store.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+
+namespace {
+
+enum class Scenario { echo, killed_peer };
+
+struct Fds {
+    std::vector<std::array<int, 2>> port_pipes;  // rank 0 tells rank r the store's port
+    std::array<int, 2> notify{-1, -1};           // rank 0 tells the parent "calls are pending"
+};
+
+Tensor pattern(std::size_t n, int seed) {
+    Tensor t = Tensor::cpu(DType::uint8, std::vector<std::int64_t>(1, static_cast<std::int64_t>(n)));
+    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>(i * 31 + seed);
+    return t;
+}
+
+TcpStoreOptions store_options(std::uint16_t port) {
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.timeout = 10s;
+    return o;
+}
+
+/// The body of one forked worker; returns its exit code (0 = every check held).
+Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
+    auto ex = co_await asio::this_coro::executor;
+    std::shared_ptr<TcpStoreServer> server;
+    std::uint16_t port = 0;
+    if (rank == 0) {
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        auto s = TcpStoreServer::start(ex, so);
+        if (!s) co_return 10;
+        server = *s;
+        port = server->port();
+        for (int r = 1; r < world; ++r)
+            if (::write(fds.port_pipes[r][1], &port, sizeof port) != sizeof port) co_return 11;
+    } else if (::read(fds.port_pipes[rank][0], &port, sizeof port) != sizeof port) {
+        co_return 12;
+    }
+    auto store = co_await TcpStore::connect(ex, store_options(port));
+    if (!store) co_return 13;
+    auto agent = co_await detail::NativeAgent::create(test::init_args(*store, rank, world, {}));
+    if (!agent) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, agent.error().to_string().c_str());
+        co_return 14;
+    }
+    auto& a = *agent;
+    if (!a->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; })) co_return 15;
+    if (!a->register_handler("never", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+            co_await test::sleep_for(20s);
+            co_return m;
+        }))
+        co_return 15;
+    if (!co_await barrier(**store, rank, world)) co_return 16;  // every handler is registered
+
+    if (scenario == Scenario::echo) {
+        for (int r = 0; r < world; ++r) {
+            Message m;
+            m.payload = Bytes(64, static_cast<std::uint8_t>(rank));
+            m.tensors.push_back(pattern(1 << 20, rank * 7 + r));
+            auto reply = co_await a->rpc_async(test::worker_name(r), "echo", m);
+            if (!reply) {
+                std::fprintf(stderr, "rank %d: %s\n", rank, reply.error().to_string().c_str());
+                co_return 20;
+            }
+            if (reply->payload != m.payload || reply->tensors.size() != 1 ||
+                !std::equal(m.tensors[0].bytes().begin(), m.tensors[0].bytes().end(), reply->tensors[0].bytes().begin()))
+                co_return 21;
+        }
+        auto s = co_await a->shutdown(true, 10);
+        if (!s) {
+            std::fprintf(stderr, "rank %d: %s\n", rank, s.error().to_string().c_str());
+            co_return 22;
+        }
+        co_return 0;
+    }
+
+    // killed_peer: rank 1 just waits to be killed; rank 0 has calls pending on it when that happens.
+    if (rank == 1) {
+        co_await test::sleep_for(20s);
+        co_return 30;
+    }
+    if (rank != 0) {  // bystanders wait until rank 0 is done with them
+        std::vector<std::string> done_key(1, "test/done");
+        if (!co_await (*store)->wait(std::move(done_key), 15s)) co_return 36;
+        (void)co_await a->shutdown(false);
+        co_return 0;
+    }
+    constexpr int n = 5;
+    std::vector<std::optional<Result<Message>>> pending(n);
+    for (int i = 0; i < n; ++i)
+        asio::co_spawn(ex, a->rpc_async("worker1", "never", {}, 30),
+                       [&pending, i](std::exception_ptr, Result<Message> r) { pending[i] = std::move(r); });
+    co_await test::sleep_for(50ms);
+    char k = 'k';
+    if (::write(fds.notify[1], &k, 1) != 1) co_return 31;
+    auto t0 = Clock::now();
+    auto all_done = [&] {
+        for (auto& p : pending)
+            if (!p) return false;
+        return true;
+    };
+    while (!all_done() && Clock::now() - t0 < 3s) co_await test::sleep_for(1ms);
+    auto took = Clock::now() - t0;
+    if (!all_done()) co_return 32;
+    for (auto& p : pending)
+        if (*p || p->error().code() != Errc::connection_lost) co_return 33;
+    if (took > 1s) co_return 34;
+    // The rest of the group still works.
+    if (world > 2 && !co_await a->rpc_async("worker2", "echo", {})) co_return 35;
+    if (!co_await (*store)->set("test/done", bytes("1"))) co_return 37;
+    (void)co_await a->shutdown(false);
+    co_return 0;
+}
+
+int child_main(int rank, int world, Scenario scenario, Fds fds) {
+    int code = 99;
+    {
+        asio::io_context ctx(1);
+        asio::co_spawn(ctx, worker(rank, world, scenario, fds), [&code](std::exception_ptr e, int c) { code = e ? 98 : c; });
+        ctx.run_for(25s);
+    }
+    return code;
+}
+
+struct Children {
+    std::vector<pid_t> pids;
+    Fds fds;
+};
+
+Children spawn(int world, Scenario scenario) {
+    Children c;
+    c.fds.port_pipes.resize(world);
+    for (auto& p : c.fds.port_pipes) REQUIRE(::pipe(p.data()) == 0);
+    REQUIRE(::pipe(c.fds.notify.data()) == 0);
+    for (int r = 0; r < world; ++r) {
+        pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) ::_exit(child_main(r, world, scenario, c.fds));
+        c.pids.push_back(pid);
+    }
+    return c;
+}
+
+/// Exit codes of every child (-SIGNAL when killed); kills stragglers after `limit`.
+std::vector<int> reap(const std::vector<pid_t>& pids, std::chrono::seconds limit) {
+    std::vector<int> codes(pids.size(), -1000);
+    auto deadline = Clock::now() + limit;
+    std::size_t left = pids.size();
+    while (left > 0) {
+        for (std::size_t i = 0; i < pids.size(); ++i) {
+            if (codes[i] != -1000) continue;
+            int status = 0;
+            if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+                --left;
+            }
+        }
+        if (left > 0 && Clock::now() > deadline) {
+            for (std::size_t i = 0; i < pids.size(); ++i)
+                if (codes[i] == -1000) ::kill(pids[i], SIGKILL);
+            deadline = Clock::now() + 5s;
+        }
+        if (left > 0) ::usleep(2000);
+    }
+    return codes;
+}
+
+}  // namespace
+
+TEST_CASE("worker processes echo messages and tensors to each other and shut down gracefully", "[rpc][agent][multiprocess]") {
+    auto c = spawn(3, Scenario::echo);
+    auto codes = reap(c.pids, 30s);
+    for (std::size_t r = 0; r < codes.size(); ++r) {
+        INFO("rank " << r);
+        CHECK(codes[r] == 0);
+    }
+}
+
+TEST_CASE("calls pending on a SIGKILLed worker fail with connection_lost within a second", "[rpc][agent][multiprocess][fault]") {
+    auto c = spawn(3, Scenario::killed_peer);
+    pollfd p{c.fds.notify[0], POLLIN, 0};
+    int ready = ::poll(&p, 1, 20000);
+    char k = 0;
+    if (ready == 1 && ::read(c.fds.notify[0], &k, 1) == 1) ::kill(c.pids[1], SIGKILL);
+    auto codes = reap(c.pids, 30s);
+    CHECK(k == 'k');
+    CHECK(codes[0] == 0);
+    CHECK(codes[1] == -SIGKILL);
+    CHECK(codes[2] == 0);
+}
