@@ -2,12 +2,17 @@
 #include <tensorplay/rpc/api.hpp>
 
 #include <tensorplay/core/runtime.hpp>
+#include <tensorplay/store/rendezvous.hpp>
+#include <tensorplay/store/tcp_store.hpp>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/this_coro.hpp>
+
+#include <asio/experimental/as_tuple.hpp>
 
 #include <future>
 #include <mutex>
@@ -124,14 +129,74 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_rpc_with_store(std::shared_ptr<Stor
     co_return std::move(*agent);
 }
 
+namespace {
+
+// The agent of the rank that hosts the rendezvous store: it owns the store server and, after a
+// graceful shutdown, keeps it up until the other ranks have let go of it (bounded), since their
+// own shutdown barriers still read from it after this rank has passed its own.
+class HostingAgent final : public RpcAgent {
+public:
+    HostingAgent(std::shared_ptr<RpcAgent> inner, std::shared_ptr<TcpStoreServer> server)
+        : inner_(std::move(inner)), server_(std::move(server)) {}
+    ~HostingAgent() override {
+        inner_.reset();
+        if (server_) server_->stop();
+    }
+
+    const WorkerInfo& get_worker_info() const override { return inner_->get_worker_info(); }
+    Result<WorkerInfo> get_worker_info(std::string_view name) const override { return inner_->get_worker_info(name); }
+    std::vector<WorkerInfo> get_worker_infos() const override { return inner_->get_worker_infos(); }
+    const RpcBackendOptions& get_backend_options() const override { return inner_->get_backend_options(); }
+    Result<void> register_handler(std::string name, RpcHandler handler) override {
+        return inner_->register_handler(std::move(name), std::move(handler));
+    }
+    Result<void> register_blocking_handler(std::string name, BlockingRpcHandler handler) override {
+        return inner_->register_blocking_handler(std::move(name), std::move(handler));
+    }
+    Task<Result<void>> unregister_handler(std::string name) override { return inner_->unregister_handler(std::move(name)); }
+    Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message, double timeout_sec) override {
+        return inner_->rpc_async(std::move(to), std::move(handler), std::move(message), timeout_sec);
+    }
+    Task<Result<void>> shutdown(bool graceful, double timeout_sec) override {
+        auto r = co_await inner_->shutdown(graceful, timeout_sec);
+        if (graceful && server_) {
+            // Our own store client is the one connection allowed to remain.
+            auto ex = co_await asio::this_coro::executor;
+            const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            while (std::chrono::steady_clock::now() < limit) {
+                if (co_await server_->num_connections() <= 1) break;
+                asio::steady_timer t(ex, std::chrono::milliseconds(10));
+                auto [ec] = co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                if (ec) break;
+            }
+        }
+        co_return r;
+    }
+
+private:
+    std::shared_ptr<RpcAgent> inner_;
+    std::shared_ptr<TcpStoreServer> server_;
+};
+
+}  // namespace
+
 Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef backend, int rank, int world_size,
                                                  std::shared_ptr<RpcBackendOptions> options) {
-    // TODO(now): rendezvous(options->init_method, rank, world_size) from the store layer.
-    (void)backend;
-    (void)rank;
-    (void)world_size;
-    (void)options;
-    co_return fail(Errc::not_supported, "init_rpc as \"" + name + "\": rendezvous is not built yet");
+    const std::string what = "init_rpc as \"" + name + "\"";
+    if (!options) {
+        auto made = construct_rpc_backend_options(backend);
+        if (!made) co_return fail(std::move(made).error().context(what));
+        options = std::move(*made);
+    }
+    auto rv = co_await rendezvous(options->init_method, rank, world_size);
+    if (!rv) co_return fail(std::move(rv).error().context(what));
+    auto ex = co_await asio::this_coro::executor;
+    auto agent = co_await init_backend(backend, BackendInitArgs(rv->store, name, rv->rank, rv->world_size, options));
+    if (!agent) co_return fail(std::move(agent).error().context(what));
+    std::shared_ptr<RpcAgent> result = std::move(*agent);
+    if (rv->server) result = std::make_shared<HostingAgent>(std::move(result), rv->server);
+    adopt_as_default(result, ex);
+    co_return result;
 }
 
 Result<std::shared_ptr<RpcAgent>> init_rpc_blocking(std::string name, BackendRef backend, int rank, int world_size,

@@ -1,6 +1,8 @@
 // Tests of the top-level API: init_rpc, the process default agent, rpc_async/rpc_sync, shutdown.
 #include <tensorplay/rpc/api.hpp>
 
+#include <tensorplay/rpc/typed.hpp>
+
 #include "rpc/fake_agent.hpp"
 #include "support/deadline.hpp"
 
@@ -140,5 +142,52 @@ TEST_CASE("running_in_executor tells the executor's threads from others", "[rpc]
     test::run_with_deadline_on(rt.get_executor(), 5s, [&]() -> Task<void> {
         CHECK(running_in_executor(co_await asio::this_coro::executor));
         co_return;
+    });
+}
+
+TEST_CASE("init_rpc rendezvouses over tcp:// and a real agent answers typed calls to itself", "[rpc][api]") {
+    ClearDefault clear;
+    Runtime rt;
+    test::run_with_deadline_on(rt.get_executor(), 20s, [&]() -> Task<void> {
+        auto options = std::make_shared<TensorPipeRpcBackendOptions>();
+        options->init_method = "tcp://127.0.0.1:0";
+        options->listen_address = "127.0.0.1";
+        auto agent = co_await init_rpc("solo", BackendType::tensorpipe(), 0, 1, options);
+        REQUIRE(agent);
+        CHECK(default_agent() == *agent);
+        auto me = get_worker_info();
+        REQUIRE(me);
+        CHECK(me->name == "solo");
+        REQUIRE(define<std::vector<std::int64_t>(std::vector<std::int64_t>, std::int64_t)>(
+            **agent, "scale", [](std::vector<std::int64_t> v, std::int64_t k) {
+                for (auto& x : v) x *= k;
+                return v;
+            }));
+        std::vector<std::int64_t> v{1, 2, 3};
+        auto scaled = co_await call<std::vector<std::int64_t>>(**agent, "solo", "scale", v, std::int64_t{10});
+        REQUIRE(scaled);
+        std::vector<std::int64_t> expected{10, 20, 30};
+        CHECK(*scaled == expected);
+        auto t = Tensor::from_bytes(bytes("tensor through the agent"));
+        REQUIRE(define<Tensor(Tensor)>(**agent, "same", [](Tensor x) { return x; }));
+        auto back = co_await call<Tensor>(**agent, "solo", "same", t);
+        REQUIRE(back);
+        CHECK(to_string(back->bytes()) == std::string("tensor through the agent"));
+        auto down = co_await shutdown();
+        REQUIRE(down);
+        CHECK(default_agent() == nullptr);
+    });
+}
+
+TEST_CASE("init_rpc reports a malformed init method with its URL", "[rpc][api][fault]") {
+    ClearDefault clear;
+    Runtime rt;
+    test::run_with_deadline_on(rt.get_executor(), 10s, [&]() -> Task<void> {
+        auto options = std::make_shared<TensorPipeRpcBackendOptions>();
+        options->init_method = "bogus://nowhere";
+        auto agent = co_await init_rpc("w", BackendType::tensorpipe(), 0, 1, options);
+        REQUIRE_FALSE(agent);
+        CHECK(agent.error().code() == Errc::invalid_argument);
+        CHECK_THAT(agent.error().message(), Catch::Contains("init_rpc"));
     });
 }
