@@ -7,8 +7,9 @@ namespace tensorplay {
 
 namespace {
 
-const std::string kGather = "tensorplay/all_gather/";
-const std::string kBarrier = "tensorplay/barrier/";
+// Short keys: most stay within std::string's small-string buffer (no allocation per key).
+const std::string kGather = "tp/ag/";
+const std::string kBarrier = "tp/bar/";
 
 Result<void> check_group(const char* what, int rank, int world_size) {
     if (world_size < 1)

@@ -8,13 +8,13 @@
 
 namespace tensorplay {
 
-/// Key layout (all keys under "tensorplay/"; give each group its own PrefixStore):
+/// Key layout (all keys under "tp/"; give each group its own PrefixStore):
 ///
-///   tensorplay/all_gather/seq/<rank>        counter: rounds rank has started (ASCII decimal)
-///   tensorplay/all_gather/<round>/<rank>    rank's value in round <round> (rounds count from 1)
-///   tensorplay/barrier/seq/<rank>           counter: barriers rank has started
-///   tensorplay/barrier/<round>/arrived      counter: ranks that reached barrier <round>
-///   tensorplay/barrier/<round>/done         set by the last rank to arrive; the others wait for it
+///   tp/ag/seq/<rank>           all_gather counter: rounds rank has started (ASCII decimal)
+///   tp/ag/<round>/<rank>       rank's value in all_gather round <round> (rounds count from 1)
+///   tp/bar/seq/<rank>          barrier counter: barriers rank has started
+///   tp/bar/<round>/arrived     counter: ranks that reached barrier <round>
+///   tp/bar/<round>/done        set by the last rank to arrive; the others wait for it
 ///
 /// Each rank numbers its rounds with its own counter, so that round k never reads round k-1's keys.
 /// Keys stay bounded: in all_gather round k a rank deletes its own key of round k-2 (every rank has
