@@ -421,15 +421,19 @@ void finish(PendingOp& op) {
 }
 
 Task<Result<void>> await_op(std::shared_ptr<PendingOp> op, Duration limit) {
-    auto wait_done = [](std::shared_ptr<PendingOp> p) -> Task<Result<void>> {
-        if (!p->done) co_await p->signal.async_wait(use_nothrow);
-        if (!p->done) co_return fail(Errc::cancelled, "store operation cancelled");
-        co_return ok();
-    };
-    auto r = co_await with_timeout(wait_done(op), limit);
-    if (!r) {
-        op->abandoned = true;
-        co_return r;
+    // The op's own timer is the deadline: finish() cancels it, expiry means timeout. Cheaper than
+    // racing a second timer with with_timeout on every operation.
+    if (!op->done) {
+        if (limit > Duration::zero()) op->signal.expires_after(limit);
+        auto [ec] = co_await op->signal.async_wait(use_nothrow);
+        if (!op->done) {
+            op->abandoned = true;
+            if (!ec)
+                co_return fail(Errc::timeout, "timed out after " +
+                                                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
+                                                  " ms waiting for the store's reply");
+            co_return fail(Errc::cancelled, "store operation cancelled");
+        }
     }
     if (op->error) co_return fail(*op->error);
     co_return ok();
