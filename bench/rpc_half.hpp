@@ -8,6 +8,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
 
 #include <cstdio>
@@ -52,7 +53,11 @@ inline Task<Result<std::shared_ptr<RpcAgent>>> start(std::string name, int rank,
     co_return co_await init_rpc_with_store(*store, std::move(name), BackendType::tensorpipe(), rank, 2, options());
 }
 
-inline Task<int> callee_main(int port_pipe, const ResultPipe& out) {
+inline void progress(const char* what) {
+    if (std::getenv("RPC_BENCH_VERBOSE")) std::fprintf(stderr, "rpc_bench: %.3f s %s\n", now_us() / 1e6, what);
+}
+
+inline Task<int> callee_main(int port_pipe, int caller_gone, const ResultPipe& out) {
     auto ex = co_await asio::this_coro::executor;
     TcpStoreServerOptions sopt;
     sopt.host = "127.0.0.1";
@@ -73,13 +78,19 @@ inline Task<int> callee_main(int port_pipe, const ResultPipe& out) {
     if (!reg) co_return 1;
     Bytes one{1};
     if (auto s = co_await store->set("bench/ready", one); !s) co_return 1;
+    progress("callee: serving until shutdown");
     auto down = co_await (*agent)->shutdown(true, 300);
+    progress("callee: shut down; waiting for the caller to exit");
     if (!down) std::fprintf(stderr, "rpc_bench callee: shutdown: %s\n", down.error().to_string().c_str());
     set_default_agent(nullptr, {});
-    // This process hosts the store: it stays until the caller's shutdown no longer needs it.
-    std::vector<std::string> done_key{"bench/caller_done"};
-    if (auto w = co_await store->wait(done_key, std::chrono::seconds(120)); !w)
-        std::fprintf(stderr, "rpc_bench callee: %s\n", w.error().to_string().c_str());
+    // This process hosts the store: it stays until the caller, whose shutdown still reads the
+    // store, has exited (EOF on a pipe whose only writer was the caller).
+    asio::posix::stream_descriptor gone(ex, caller_gone);
+    char byte;
+    auto [ec, n] = co_await gone.async_read_some(asio::buffer(&byte, 1), asio::experimental::as_tuple(asio::use_awaitable));
+    (void)ec;
+    (void)n;
+    progress("callee: caller gone");
     out.put("rss_callee", peak_rss_mib());
     (*server)->stop();
     co_return down ? 0 : 1;
@@ -142,9 +153,6 @@ inline Task<double> echo_gbps(RpcAgent& agent, std::size_t size, int reps, bool&
     co_return percentile(gbps, 50);
 }
 
-inline void progress(const char* what) {
-    if (std::getenv("RPC_BENCH_VERBOSE")) std::fprintf(stderr, "rpc_bench: %s\n", what);
-}
 
 inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPipe& out) {
     std::uint16_t port = 0;
@@ -191,8 +199,7 @@ inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPi
     auto down = co_await agent->shutdown(true, 300);
     if (!down) std::fprintf(stderr, "rpc_bench caller: shutdown: %s\n", down.error().to_string().c_str());
     set_default_agent(nullptr, {});
-    Bytes one{1};
-    if (auto s = co_await store->set("bench/caller_done", one); !s) co_return 1;
+    progress("caller: shut down");
     out.put("rss_caller", peak_rss_mib());
     co_return (ok && down) ? 0 : 1;
 }
@@ -202,6 +209,8 @@ inline int run_child(int cpu, std::function<Task<int>()> body) {
     asio::io_context ctx(1);
     int rc = 1;
     asio::co_spawn(ctx, body(), [&](std::exception_ptr e, int r) {
+        // Done: leftover background work (store reconnects, agent timers) must not keep us alive.
+        ctx.stop();
         rc = r;
         if (e) {
             rc = 3;
@@ -222,19 +231,23 @@ inline int run_child(int cpu, std::function<Task<int>()> body) {
 
 /// Runs the caller and callee workers and returns the caller's figures plus the peak RSS.
 inline std::map<std::string, double> run_rpc(const RpcConfig& cfg) {
-    int fds[2];
-    if (::pipe(fds) != 0) return {{"failed", 1}};
+    int fds[2], gone[2];
+    if (::pipe(fds) != 0 || ::pipe(gone) != 0) return {{"failed", 1}};
     ResultPipe out;
     pid_t callee = spawn([&] {
         ::close(fds[0]);
-        return rpc_detail::run_child(cfg.callee_cpu, [&] { return rpc_detail::callee_main(fds[1], out); });
+        ::close(gone[1]);
+        return rpc_detail::run_child(cfg.callee_cpu, [&] { return rpc_detail::callee_main(fds[1], gone[0], out); });
     });
     pid_t caller = spawn([&] {
         ::close(fds[1]);
+        ::close(gone[0]);  // gone[1] stays open until this process exits
         return rpc_detail::run_child(cfg.caller_cpu, [&] { return rpc_detail::caller_main(fds[0], cfg, out); });
     });
     ::close(fds[0]);
     ::close(fds[1]);
+    ::close(gone[0]);
+    ::close(gone[1]);
     const bool ok = reap(caller) & reap(callee);
     auto r = out.collect();
     r["peak_rss_mib"] = std::max(r["rss_caller"], r["rss_callee"]);

@@ -137,7 +137,10 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
 int run_worker(int rank, int world_size, int rounds, bool local) {
     asio::io_context ctx(1);
     int rc = 1;
-    asio::co_spawn(ctx, worker(rank, world_size, rounds, local), [&](std::exception_ptr e, int r) { rc = e ? 3 : r; });
+    asio::co_spawn(ctx, worker(rank, world_size, rounds, local), [&](std::exception_ptr e, int r) {
+        rc = e ? 3 : r;
+        ctx.stop();  // the worker is done; nothing left in the background matters
+    });
     ctx.run();
     return rc;
 }
