@@ -55,6 +55,52 @@ void HostEventState::complete() {
 namespace {
 constexpr std::size_t huge_page = std::size_t{2} << 20;
 constexpr std::size_t small_align = 64;
+
+// Freed large mappings are kept (already faulted in) for the next allocation of the same size:
+// receiving a stream of equal-sized tensors then neither maps nor faults. Bounded in count and
+// bytes so that the resident set stays near the working set.
+constexpr std::size_t cache_max_entries = 8;
+constexpr std::size_t cache_max_bytes = std::size_t{160} << 20;
+
+struct MappingCache {
+    std::mutex mutex;
+    std::vector<std::pair<std::uint8_t*, std::size_t>> entries;
+    std::size_t bytes = 0;
+};
+
+MappingCache& mapping_cache() {
+    static auto* c = new MappingCache;  // never destroyed: storages may die during static destruction
+    return *c;
+}
+
+std::uint8_t* take_cached_mapping(std::size_t len) {
+    auto& c = mapping_cache();
+    std::lock_guard lock(c.mutex);
+    for (auto it = c.entries.begin(); it != c.entries.end(); ++it) {
+        if (it->second == len) {
+            auto* p = it->first;
+            c.bytes -= len;
+            c.entries.erase(it);
+            return p;
+        }
+    }
+    return nullptr;
+}
+
+bool cache_mapping(std::uint8_t* p, std::size_t len) {
+    auto& c = mapping_cache();
+    std::lock_guard lock(c.mutex);
+    if (len > cache_max_bytes) return false;
+    // Make room by dropping the oldest entries.
+    while (!c.entries.empty() && (c.entries.size() >= cache_max_entries || c.bytes + len > cache_max_bytes)) {
+        ::munmap(c.entries.front().first, c.entries.front().second);
+        c.bytes -= c.entries.front().second;
+        c.entries.erase(c.entries.begin());
+    }
+    c.entries.emplace_back(p, len);
+    c.bytes += len;
+    return true;
+}
 }  // namespace
 
 std::shared_ptr<HostStorage> HostStorage::create(Device device, std::size_t nbytes) {
@@ -69,6 +115,7 @@ std::shared_ptr<HostStorage> HostStorage::create(Device device, std::size_t nbyt
     // trim the slack so that only the aligned region stays mapped.
     if (nbytes > SIZE_MAX - 2 * huge_page) return nullptr;
     const std::size_t len = (nbytes + huge_page - 1) / huge_page * huge_page;
+    if (auto* cached = take_cached_mapping(len)) return std::make_shared<HostStorage>(device, cached, nbytes, len);
     void* raw = ::mmap(nullptr, len + huge_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return nullptr;
     auto base = reinterpret_cast<std::uintptr_t>(raw);
@@ -85,10 +132,11 @@ std::shared_ptr<HostStorage> HostStorage::create(Device device, std::size_t nbyt
 
 HostStorage::~HostStorage() {
     if (data_ == nullptr) return;
-    if (mapped_ != 0)
-        ::munmap(data_, mapped_);
-    else
+    if (mapped_ != 0) {
+        if (!cache_mapping(data_, mapped_)) ::munmap(data_, mapped_);
+    } else {
         ::operator delete(data_, std::align_val_t{small_align});
+    }
 }
 
 Task<Result<void>> await_event(std::shared_ptr<EventState> state) {

@@ -34,7 +34,8 @@ private:
     std::vector<std::function<void()>> waiters_;
 };
 
-/// Host memory: 2 MiB-aligned mmap with MADV_HUGEPAGE for large buffers (so that filling fresh
+/// Host memory: 2 MiB-aligned mmap with MADV_HUGEPAGE for large buffers, reused through a small
+/// cache of freed mappings (so that filling fresh
 /// memory is not page-fault bound), 64-byte aligned operator new for small ones.
 class HostStorage final : public Storage {
 public:

@@ -122,3 +122,18 @@ TEST_CASE("large cpu tensors are 2 MiB aligned and writable end to end", "[devic
     CHECK(span.front() == 1);
     CHECK(span.back() == 2);
 }
+
+TEST_CASE("a freed large buffer is reused by the next allocation of that size", "[device][tensor]") {
+    std::uint8_t* first = nullptr;
+    {
+        auto t = Tensor::cpu(DType::uint8, {5 << 20});
+        REQUIRE(t.defined());
+        first = t.data();
+        t.data()[0] = 42;
+    }
+    auto again = Tensor::cpu(DType::uint8, {5 << 20});
+    REQUIRE(again.defined());
+    CHECK(again.data() == first);
+    auto other = Tensor::cpu(DType::uint8, {9 << 20});
+    CHECK(other.data() != first);
+}
