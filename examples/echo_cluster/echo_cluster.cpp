@@ -87,6 +87,16 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
         co_return 1;
     }
 
+    // Tensor contents are made up front: filling 1 MiB inside the loop would stall this worker's
+    // only thread, and with it the replies it owes the others, and show up as their latency.
+    std::vector<tp::Tensor> tensors(static_cast<std::size_t>(world_size));
+    for (int peer = 0; peer < world_size; ++peer) {
+        if (peer == rank) continue;
+        auto& t = tensors[static_cast<std::size_t>(peer)];
+        t = tp::Tensor::cpu(tp::DType::uint8, {static_cast<std::int64_t>(tensor_size)});
+        for (std::size_t i = 0; i < tensor_size; ++i) t.data()[i] = pattern(peer, rank, 0, i);
+    }
+
     int failures = 0;
     std::vector<double> small_us, tensor_us;
     for (int round = 0; round < rounds; ++round) {
@@ -105,8 +115,8 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
                              reply ? "reply differs" : reply.error().to_string().c_str());
             }
 
-            auto tensor = tp::Tensor::cpu(tp::DType::uint8, {static_cast<std::int64_t>(tensor_size)});
-            for (std::size_t i = 0; i < tensor_size; ++i) tensor.data()[i] = pattern(peer, rank, round, i);
+            const tp::Tensor& tensor = tensors[static_cast<std::size_t>(peer)];
+            tensor.data()[0] = static_cast<std::uint8_t>(round);  // differs per round
             tp::Message with_tensor;
             with_tensor.tensors.push_back(tensor);
             t0 = std::chrono::steady_clock::now();
