@@ -100,6 +100,7 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
     if (rank != 0) {  // bystanders wait until rank 0 is done with them
         std::vector<std::string> done_key(1, "test/done");
         if (!co_await (*store)->wait(std::move(done_key), 15s)) co_return 36;
+        if (!co_await (*store)->set("test/ack", bytes("1"))) co_return 38;  // rank 0 keeps the store until here
         (void)co_await a->shutdown(false);
         co_return 0;
     }
@@ -126,6 +127,10 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
     // The rest of the group still works.
     if (world > 2 && !co_await a->rpc_async("worker2", "echo", {})) co_return 35;
     if (!co_await (*store)->set("test/done", bytes("1"))) co_return 37;
+    if (world > 2) {
+        std::vector<std::string> ack_key(1, "test/ack");
+        if (!co_await (*store)->wait(std::move(ack_key), 15s)) co_return 39;
+    }
     (void)co_await a->shutdown(false);
     co_return 0;
 }

@@ -335,3 +335,54 @@ TEST_CASE("a graceful shutdown without a timeout does not hang on a worker that 
         CHECK(r.error().message().find("worker1") != std::string::npos);
     });
 }
+
+// Hidden ([.perf]): rough in-process figures for the report; both agents share one thread.
+TEST_CASE("in-process echo latency, calls per second and tensor bandwidth", "[.perf][rpc][agent]") {
+    test::run_with_deadline(120s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto ex = co_await asio::this_coro::executor;
+        std::vector<double> rtt;
+        for (int i = 0; i < 22000; ++i) {
+            auto t0 = Clock::now();
+            auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message(std::string(64, 'x')));
+            if (!r) FAIL("call " << i << " failed: " << r.error().to_string());
+            if (i >= 2000) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        std::sort(rtt.begin(), rtt.end());
+        WARN("echo p50 " << rtt[rtt.size() / 2] << " us, p99 " << rtt[rtt.size() * 99 / 100] << " us");
+        for (int depth : {1, 16, 128}) {
+            long total = 100000, issued = 0, finished = 0;
+            detail::Channel<void(std::error_code, int)> done(ex, 1);
+            auto t0 = Clock::now();
+            std::function<void()> issue;
+            issue = [&] {
+                if (issued >= total) return;
+                ++issued;
+                asio::co_spawn(ex, g[0]->rpc_async("worker1", "echo", test::text_message(std::string(64, 'c'))),
+                               [&](std::exception_ptr, Result<Message>) {
+                                   if (++finished == total) done.try_send(std::error_code{}, 0);
+                                   issue();
+                               });
+            };
+            for (int i = 0; i < depth; ++i) issue();
+            co_await done.async_receive(asio::use_awaitable);
+            double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+            WARN("depth " << depth << ": " << total / secs << " calls/s");
+        }
+        for (std::size_t size : {std::size_t(1) << 20, std::size_t(64) << 20}) {
+            Message m;
+            m.tensors.push_back(filled(size, 1));
+            std::vector<double> gbps;
+            for (int i = 0; i < 6; ++i) {
+                auto t0 = Clock::now();
+                auto r = co_await g[0]->rpc_async("worker1", "echo", m);
+                REQUIRE(r);
+                if (i > 0) gbps.push_back(2.0 * double(size) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+            }
+            std::sort(gbps.begin(), gbps.end());
+            WARN(size << " B tensor echo: " << gbps[gbps.size() / 2] << " GB/s (both directions)");
+        }
+        co_await test::shutdown_all(g);
+    });
+}
