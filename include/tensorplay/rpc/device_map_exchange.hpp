@@ -42,7 +42,7 @@ inline constexpr std::size_t kMaxDeviceInfoDevices = 4096;
 /// data, an unknown device type, a repeated map target or source, trailing bytes) is Errc::protocol_error.
 [[nodiscard]] Result<WorkerDeviceInfo> decode_worker_device_info(std::span<const std::uint8_t> record);
 
-/// The exchange all-gathers under this prefix of the given store (keys "tensorplay_device_maps/tensorplay/all_gather/...").
+/// The exchange all-gathers under this prefix of the given store ("tensorplay_device_maps/" + all_gather's keys).
 inline constexpr std::string_view kDeviceMapExchangePrefix = "tensorplay_device_maps";
 
 /// What the exchange gives this worker.
