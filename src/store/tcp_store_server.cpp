@@ -54,7 +54,7 @@ void reserve_input(StoreConn& c, std::size_t need) {
     if (need > c.in_cap || (c.in_cap - c.in_end) < 512) {
         std::size_t cap = std::max({need, c.in_cap * 2, kInitialReadBuffer});
         auto bigger = std::unique_ptr<std::uint8_t[]>(new std::uint8_t[cap]);
-        std::memcpy(bigger.get(), c.in.get() + c.in_begin, unread);
+        if (unread > 0) std::memcpy(bigger.get(), c.in.get() + c.in_begin, unread);  // c.in may be null
         c.in = std::move(bigger);
         c.in_cap = cap;
         c.in_begin = 0;
