@@ -26,11 +26,21 @@ using WakeChannel = detail::ConcurrentChannel<void(std::error_code, int)>;
 // Why channels: a waiter must be resumed on its own executor by a writer on any thread, and must
 // be cancellable per operation. The channel provides both (its receive honours the cancellation
 // slot), so the store only keeps, under one mutex, which waiters still miss which keys.
+//
+// Lifetimes: a channel is an I/O object of its waiter's execution context (its destructor
+// unregisters it from that context's channel service). So only the waiting coroutine owns it, and
+// writers signal it under `mu`, through the registration the waiter removes (under `mu`) before
+// its channel dies. A writer never holds the channel beyond `mu`; were it to keep the last
+// reference (as a shared_ptr taken out from under the lock), the waiter could wake, finish, and
+// its thread destroy its io_context before the writer's reference went: the channel's destructor
+// then ran on the writer's thread against a freed channel service (ASan: heap-use-after-free).
+// try_send never runs the receiver inline (Asio posts the completion to the receiver's executor),
+// so signalling under `mu` cannot re-enter the store.
 struct HashStore::State {
     struct Waiter {
-        std::size_t missing = 0;           // distinct keys not yet set since the wait began
-        std::vector<std::string> keys;     // distinct keys waited for
-        std::shared_ptr<WakeChannel> channel;
+        std::size_t missing = 0;        // distinct keys not yet set since the wait began
+        std::vector<std::string> keys;  // distinct keys waited for
+        WakeChannel* channel = nullptr;  // owned by the waiting coroutine; valid while registered
     };
 
     mutable std::mutex mu;
@@ -40,30 +50,29 @@ struct HashStore::State {
     std::uint64_t next_id = 1;
     bool closed = false;
 
-    using WakeList = std::vector<std::shared_ptr<WakeChannel>>;
-
-    // Under mu: `key` was written; counts it for every waiter of it, collecting those now complete.
+    // Under mu: `key` was written; counts it for every waiter of it, waking those now complete.
     // As in c10d, a write counts once per waiter even if the key is deleted again later; readers
     // (get, multi_get) re-check the data after waking.
-    void notify(const std::string& key, WakeList& wake) {
+    void notify(const std::string& key) {
+        if (waiting_on.empty()) return;
         auto it = waiting_on.find(key);
         if (it == waiting_on.end()) return;
-        for (auto id : it->second) {
+        auto ids = std::move(it->second);
+        waiting_on.erase(it);
+        for (auto id : ids) {
             auto w = waiters.find(id);
             if (w == waiters.end()) continue;
             if (--w->second.missing == 0) {
-                wake.push_back(std::move(w->second.channel));
-                erase_waiter(w, &key);
+                w->second.channel->try_send(std::error_code{}, kReady);
+                erase_waiter(w);
             }
         }
-        waiting_on.erase(it);
     }
 
-    // Under mu: forgets a waiter and its index entries (except those of `skip`, being erased whole).
-    void erase_waiter(std::unordered_map<std::uint64_t, Waiter>::iterator w, const std::string* skip = nullptr) {
+    // Under mu: forgets a waiter and its index entries.
+    void erase_waiter(std::unordered_map<std::uint64_t, Waiter>::iterator w) {
         const auto id = w->first;
         for (const auto& k : w->second.keys) {
-            if (skip && k == *skip) continue;
             auto it = waiting_on.find(k);
             if (it == waiting_on.end()) continue;
             auto& ids = it->second;
@@ -80,17 +89,14 @@ struct HashStore::State {
             if (!data.count(k)) out.push_back(k);
         return out;
     }
-
-    static void wake_all(WakeList& wake, int status) {
-        for (auto& ch : wake) ch->try_send(std::error_code{}, status);
-    }
 };
 
 namespace {
 
 using State = HashStore::State;
 
-// Removes a waiter on every way out of the waiting coroutine (woken, cancelled, destroyed).
+// Removes a waiter on every way out of the waiting coroutine (woken, cancelled, destroyed). Declared
+// after the channel, so that no writer can reach the channel once it is being destroyed.
 struct WaiterGuard {
     std::shared_ptr<State> s;
     std::uint64_t id;
@@ -104,7 +110,7 @@ struct WaiterGuard {
 // Waits (no deadline) until each of `keys` has been written or exists; cancellable.
 // `keys` is a reference: the only caller, wait_until, awaits this coroutine to its end.
 Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::string>& keys) {
-    auto channel = std::make_shared<WakeChannel>(co_await asio::this_coro::executor, 1);
+    WakeChannel channel(co_await asio::this_coro::executor, 1);
     std::uint64_t id = 0;
     {
         std::lock_guard lock(s->mu);
@@ -120,10 +126,10 @@ Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::st
         }
         if (missing.empty()) co_return ok();
         auto n = missing.size();
-        s->waiters.emplace(id, State::Waiter{n, std::move(missing), channel});
+        s->waiters.emplace(id, State::Waiter{n, std::move(missing), &channel});
     }
     WaiterGuard guard{s, id};
-    auto [ec, status] = co_await channel->async_receive(detail::use_nothrow);
+    auto [ec, status] = co_await channel.async_receive(detail::use_nothrow);
     if (ec) co_return fail(Errc::cancelled, "wait for keys " + detail::describe_keys(keys) + " was cancelled");
     if (status == kClosed) co_return fail(Errc::shutdown, "the HashStore was destroyed while waiting for keys");
     co_return ok();
@@ -155,15 +161,11 @@ Clock::time_point deadline_of(Duration timeout) {
 HashStore::HashStore(Duration timeout) : state_(std::make_shared<State>()) { timeout_ = timeout; }
 
 HashStore::~HashStore() {
-    State::WakeList wake;
-    {
-        std::lock_guard lock(state_->mu);
-        state_->closed = true;
-        for (auto& [id, w] : state_->waiters) wake.push_back(std::move(w.channel));
-        state_->waiters.clear();
-        state_->waiting_on.clear();
-    }
-    State::wake_all(wake, kClosed);
+    std::lock_guard lock(state_->mu);
+    state_->closed = true;
+    for (auto& [id, w] : state_->waiters) w.channel->try_send(std::error_code{}, kClosed);
+    state_->waiters.clear();
+    state_->waiting_on.clear();
 }
 
 std::size_t HashStore::pending_waiters() const {
@@ -172,13 +174,11 @@ std::size_t HashStore::pending_waiters() const {
 }
 
 Task<Result<void>> HashStore::set(std::string key, Bytes value) {
-    State::WakeList wake;
     {
         std::lock_guard lock(state_->mu);
         state_->data[key] = std::move(value);
-        state_->notify(key, wake);
+        state_->notify(key);
     }
-    State::wake_all(wake, kReady);
     co_return ok();
 }
 
@@ -199,7 +199,6 @@ Task<Result<Bytes>> HashStore::get(std::string key) {
 }
 
 Task<Result<std::int64_t>> HashStore::add(std::string key, std::int64_t delta) {
-    State::WakeList wake;
     std::int64_t out = 0;
     {
         std::lock_guard lock(state_->mu);
@@ -214,14 +213,12 @@ Task<Result<std::int64_t>> HashStore::add(std::string key, std::int64_t delta) {
         if (!sum) co_return fail(std::move(sum).error());
         out = *sum;
         state_->data[key] = bytes(std::to_string(out));
-        state_->notify(key, wake);
+        state_->notify(key);
     }
-    State::wake_all(wake, kReady);
     co_return out;
 }
 
 Task<Result<Bytes>> HashStore::compare_set(std::string key, Bytes expected, Bytes desired) {
-    State::WakeList wake;
     Bytes out;
     {
         std::lock_guard lock(state_->mu);
@@ -230,16 +227,15 @@ Task<Result<Bytes>> HashStore::compare_set(std::string key, Bytes expected, Byte
             if (!expected.empty()) co_return expected;  // c10d: absent key, non-empty expected: nothing stored
             out = desired;
             state_->data.emplace(key, std::move(desired));
-            state_->notify(key, wake);
+            state_->notify(key);
         } else if (it->second == expected) {
             it->second = std::move(desired);
             out = it->second;
-            state_->notify(key, wake);
+            state_->notify(key);
         } else {
             out = it->second;
         }
     }
-    State::wake_all(wake, kReady);
     co_return out;
 }
 
@@ -266,14 +262,12 @@ Task<Result<std::int64_t>> HashStore::num_keys() {
 }
 
 Task<Result<void>> HashStore::append(std::string key, Bytes value) {
-    State::WakeList wake;
     {
         std::lock_guard lock(state_->mu);
         auto& v = state_->data[key];
         v.insert(v.end(), value.begin(), value.end());
-        state_->notify(key, wake);
+        state_->notify(key);
     }
-    State::wake_all(wake, kReady);
     co_return ok();
 }
 
@@ -303,15 +297,13 @@ Task<Result<void>> HashStore::multi_set(std::vector<std::string> keys, std::vect
     if (keys.size() != values.size())
         co_return fail(Errc::invalid_argument, "multi_set got " + std::to_string(keys.size()) + " keys but " +
                                                    std::to_string(values.size()) + " values");
-    State::WakeList wake;
     {
         std::lock_guard lock(state_->mu);
         for (std::size_t i = 0; i < keys.size(); ++i) {
             state_->data[keys[i]] = std::move(values[i]);
-            state_->notify(keys[i], wake);
+            state_->notify(keys[i]);
         }
     }
-    State::wake_all(wake, kReady);
     co_return ok();
 }
 

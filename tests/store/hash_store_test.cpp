@@ -176,3 +176,32 @@ TEST_CASE("a thousand waiters on one key are all woken by one set", "[store]") {
         REQUIRE(store->pending_waiters() == 0);
     });
 }
+
+// Regression (ASan heap-use-after-free): a writer used to keep the last reference to a waiter's
+// channel past the wake-up, so the channel died on the writer's thread after the waiter's thread
+// had already destroyed its io_context (whose channel service the channel's destructor uses).
+TEST_CASE("a waiter's io_context may end as soon as its wait is woken from another thread", "[store]") {
+    auto store = std::make_shared<HashStore>(10s);
+    asio::io_context writer_ctx(1);
+    constexpr int kRounds = 300;
+    int good = 0;
+    for (int i = 0; i < kRounds; ++i) {
+        const std::string key = "k" + std::to_string(i);
+        std::atomic<bool> ok{false};
+        std::thread waiter([&] {
+            asio::io_context ctx(1);  // destroyed the moment its only wait completes
+            asio::co_spawn(ctx, store->get(key), [&](std::exception_ptr e, Result<Bytes> r) {
+                ok = !e && r && *r == bytes("v");
+            });
+            ctx.run();
+        });
+        while (store->pending_waiters() == 0) std::this_thread::yield();
+        asio::co_spawn(writer_ctx, store->set(key, bytes("v")), [](std::exception_ptr, Result<void>) {});
+        writer_ctx.restart();
+        writer_ctx.run();
+        waiter.join();
+        good += ok ? 1 : 0;
+    }
+    REQUIRE(good == kRounds);
+    REQUIRE(store->pending_waiters() == 0);
+}
