@@ -8,6 +8,8 @@
 #include <tensorplay/store/store.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include "core/asio_compat.hpp"
+
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
@@ -30,12 +32,21 @@ struct NativeAgentTuning {
     Duration init_timeout{0};
 };
 
-/// A call waiting for its reply; lives on the caller's coroutine frame.
+/// A call waiting for its reply; lives on the caller's coroutine frame. `done` is signalled
+/// once, by the reply, a lost connection or the deadline sweep (no timer per call: arming one
+/// costs a timerfd_settime system call on every call).
 struct PendingCall {
-    explicit PendingCall(const Executor& ex) : timer(ex) {}
-    asio::steady_timer timer;
-    std::optional<Result<Message>> result;
-    const Connection* conn = nullptr;  ///< the connection the request went out on
+    explicit PendingCall(const Executor& ex) : done(ex, 1) {}
+    Channel<void(std::error_code, int)> done;  ///< (Asio 1.22 cannot instantiate a channel of void(error_code))
+    std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
+    const Connection* conn = nullptr;       ///< the connection the request went out on
+    std::multimap<Clock::time_point, PendingCall*>::iterator deadline;
+    bool has_deadline = false;
+
+    void finish(Result<Message> r) {
+        result = std::move(r);
+        done.try_send(std::error_code{}, 0);
+    }
 };
 
 /// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
@@ -91,6 +102,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
     std::uint64_t next_id = 1;
     std::size_t outstanding = 0;                  // calls of this worker awaiting replies
+    /// Deadlines of pending calls; one timer fires at the earliest (re-armed only when a new
+    /// deadline is earlier, which with one common timeout is almost never).
+    std::multimap<Clock::time_point, PendingCall*> deadlines;
+    asio::steady_timer sweep_timer;
+    Clock::time_point sweep_at = Clock::time_point::max();
+    bool sweeping = false;
     std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
     int shutdown_round = 0;
 
@@ -112,7 +129,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
     void fail_pending(PeerLink& peer, const Connection* conn, const Error& reason);
     [[nodiscard]] Task<Result<void>> unregister(std::string name);
+    /// Adds a handler (exactly one of `coro` / `blocking` set). Thread-safe.
+    [[nodiscard]] Result<void> add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking);
     void call_finished();
+    void add_deadline(PendingCall& pc, Clock::time_point at);
+    void remove_deadline(PendingCall& pc);
+    /// Signals every pending call whose deadline has passed and re-arms the sweep timer.
+    void expire_due();
     [[nodiscard]] asio::thread_pool& worker_pool();
 };
 

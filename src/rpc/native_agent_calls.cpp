@@ -45,12 +45,16 @@ void log_task_error(std::exception_ptr e) {
     if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
 }
 
-/// Removes a call from its peer's pending map when the caller's frame goes away early.
+/// Unlinks a call from its peer's pending map and the deadlines when the caller's frame ends
+/// (a reply, a timeout, a cancellation or the frame being destroyed).
 struct PendingGuard {
+    AgentCore* core;
     PeerLink* peer;
+    PendingCall* pc;
     std::uint64_t id;
     ~PendingGuard() {
-        if (peer) peer->pending.erase(id);
+        if (auto it = peer->pending.find(id); it != peer->pending.end() && it->second == pc) peer->pending.erase(it);
+        core->remove_deadline(*pc);
     }
 };
 
@@ -72,13 +76,12 @@ void on_reply(PeerLink& peer, Frame f) {
     PendingCall* pc = it->second;
     peer.pending.erase(it);
     if (f.kind == FrameKind::error) {
-        pc->result = fail(decode_error(f.payload, peer.info.name));
+        pc->finish(fail(decode_error(f.payload, peer.info.name)));
     } else if (f.alloc_error) {
-        pc->result = fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\""));
+        pc->finish(fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\"")));
     } else {
-        pc->result = Message{std::move(f.payload), std::move(f.tensors)};
+        pc->finish(Message{std::move(f.payload), std::move(f.tensors)});
     }
-    pc->timer.cancel();
 }
 
 Task<void> serve(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame req) {
@@ -131,7 +134,9 @@ Task<void> serve(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> co
         resp.targets.clear();
         resp.payload = encode_error(r.error());
     }
-    if (auto s = conn->send(std::move(resp)); !s)
+    // Flush now unless more requests are already buffered: their replies then share one write.
+    const bool flush = !conn->input_pending();
+    if (auto s = conn->send(std::move(resp), flush); !s)
         log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + s.error().to_string());
 }
 
@@ -186,8 +191,7 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
 void AgentCore::fail_pending(PeerLink& peer, const Connection* conn, const Error& reason) {
     for (auto it = peer.pending.begin(); it != peer.pending.end();) {
         if (conn == nullptr || it->second->conn == conn) {
-            it->second->result = fail(reason);
-            it->second->timer.cancel();
+            it->second->finish(fail(reason));
             it = peer.pending.erase(it);
         } else {
             ++it;
@@ -197,6 +201,50 @@ void AgentCore::fail_pending(PeerLink& peer, const Connection* conn, const Error
 
 void AgentCore::call_finished() {
     if (--outstanding == 0 && idle) idle->cancel();
+}
+
+namespace {
+Task<void> sweep_loop(std::shared_ptr<AgentCore> core) {
+    while (core->state != AgentCore::State::closed) {
+        auto [ec] = co_await core->sweep_timer.async_wait(use_nothrow);
+        if (core->state == AgentCore::State::closed) break;
+        if (ec) continue;  // re-armed for an earlier deadline
+        core->expire_due();
+    }
+    core->sweeping = false;
+}
+}  // namespace
+
+void AgentCore::add_deadline(PendingCall& pc, Clock::time_point at) {
+    if (at == Clock::time_point::max()) return;
+    pc.deadline = deadlines.emplace(at, &pc);
+    pc.has_deadline = true;
+    if (at < sweep_at) {
+        sweep_at = at;
+        sweep_timer.expires_at(at);
+    }
+    if (!sweeping) {
+        sweeping = true;
+        asio::co_spawn(ex, sweep_loop(shared_from_this()), log_task_error);
+    }
+}
+
+void AgentCore::remove_deadline(PendingCall& pc) {
+    if (!pc.has_deadline) return;
+    deadlines.erase(pc.deadline);
+    pc.has_deadline = false;
+}
+
+void AgentCore::expire_due() {
+    const auto now = Clock::now();
+    while (!deadlines.empty() && deadlines.begin()->first <= now) {
+        PendingCall* pc = deadlines.begin()->second;
+        deadlines.erase(deadlines.begin());
+        pc->has_deadline = false;
+        pc->done.try_send(std::error_code{}, 0);  // no result: the caller reports the timeout
+    }
+    sweep_at = deadlines.empty() ? Clock::time_point::max() : deadlines.begin()->first;
+    sweep_timer.expires_at(sweep_at);
 }
 
 asio::thread_pool& AgentCore::worker_pool() {
@@ -304,7 +352,9 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     f.id = id;
     f.payload = std::move(message.payload);
     f.tensors = std::move(message.tensors);
-    if (auto s = conn->send(std::move(f)); !s) {
+    // A lone call is written at once; calls made while others are in flight share the writer's
+    // gathered write (the replies that resume them arrive together).
+    if (auto s = conn->send(std::move(f), outstanding == 0); !s) {
         Error e = std::move(s).error();
         if (e.code() != Errc::invalid_argument)
             e = Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to);
@@ -312,14 +362,14 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     }
     PendingCall pc(ex);
     pc.conn = conn.get();
-    pc.timer.expires_at(deadline);
     peer.pending.emplace(id, &pc);
-    PendingGuard guard{&peer, id};
+    PendingGuard guard{this, &peer, &pc, id};
+    add_deadline(pc, deadline);
     ++outstanding;
-    auto [ec] = co_await pc.timer.async_wait(use_nothrow);
+    auto [ec, unused] = co_await pc.done.async_receive(use_nothrow);
+    (void)unused;
     call_finished();
     if (pc.result) {
-        guard.peer = nullptr;
         co_return std::move(*pc.result);
     }
     if (!ec)
@@ -352,6 +402,19 @@ Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name
     if (!r)
         co_return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
     co_return r;
+}
+
+Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
+    if (!coro && !blocking) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
+    auto entry = std::make_shared<HandlerEntry>();
+    entry->coro = std::move(coro);
+    entry->blocking = std::move(blocking);
+    std::lock_guard lock(handlers_mutex);
+    auto [it, inserted] = handlers.try_emplace(name, std::move(entry));
+    if (!inserted)
+        return fail(Errc::already_registered,
+                    "a handler named \"" + name + "\" is already registered on worker \"" + self.name + "\"");
+    return ok();
 }
 
 Task<Result<void>> AgentCore::unregister(std::string name) {
@@ -401,27 +464,11 @@ std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->wo
 const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
 
 Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
-    if (!handler) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
-    std::lock_guard lock(core_->handlers_mutex);
-    auto [it, inserted] = core_->handlers.try_emplace(name, nullptr);
-    if (!inserted)
-        return fail(Errc::already_registered, "a handler named \"" + name + "\" is already registered on worker \"" +
-                                                  core_->self.name + "\"");
-    it->second = std::make_shared<HandlerEntry>();
-    it->second->coro = std::move(handler);
-    return ok();
+    return core_->add_handler(std::move(name), std::move(handler), {});
 }
 
 Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
-    if (!handler) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
-    std::lock_guard lock(core_->handlers_mutex);
-    auto [it, inserted] = core_->handlers.try_emplace(name, nullptr);
-    if (!inserted)
-        return fail(Errc::already_registered, "a handler named \"" + name + "\" is already registered on worker \"" +
-                                                  core_->self.name + "\"");
-    it->second = std::make_shared<HandlerEntry>();
-    it->second->blocking = std::move(handler);
-    return ok();
+    return core_->add_handler(std::move(name), {}, std::move(handler));
 }
 
 Task<Result<void>> NativeAgent::unregister_handler(std::string name) {

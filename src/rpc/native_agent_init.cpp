@@ -1,6 +1,7 @@
 // Native agent, lifecycle: listen, publish and gather addresses, check device maps, connect,
 // ready barrier; graceful and local shutdown; registration with the TENSORPIPE backend.
 #include "rpc/native_agent.hpp"
+#include "rpc/startup_handlers.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
@@ -153,7 +154,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       tuning(std::move(t)),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
-      acceptor(ex) {
+      acceptor(ex),
+      sweep_timer(ex) {
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
     tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
 }
@@ -265,6 +267,9 @@ Task<Result<void>> AgentCore::start() {
     if (self.id < 0 || self.id >= world_size)
         co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
     if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
+    // Startup handlers go in before anyone can reach this worker.
+    for (auto& h : startup_handlers())
+        if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
     if (auto l = listen(); !l) co_return l;
     asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
 
@@ -390,6 +395,7 @@ void AgentCore::close_local(const Error& reason) {
         if (auto c = w.lock()) c->close(reason);
     inbound.clear();
     if (idle) idle->cancel();
+    sweep_timer.cancel();
 }
 
 NativeAgent::~NativeAgent() {

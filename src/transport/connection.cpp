@@ -32,6 +32,47 @@ namespace {
 constexpr std::size_t kReadBufferSize = 256 * 1024;
 /// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
 constexpr std::size_t kDirectReadMin = 32 * 1024;
+
+/// One non-blocking sendmsg of as many buffers as one call takes (IOV_MAX). Writing before
+/// handing the rest to the event loop saves a submission round trip on the latency path.
+std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::const_buffer>& bufs,
+                          std::vector<iovec>& iov, std::error_code& ec) {
+    iov.clear();
+    for (const auto& b : bufs) {
+        if (iov.size() == IOV_MAX) break;
+        iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = iov.size();
+    for (;;) {
+        ssize_t n = ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) return static_cast<std::size_t>(n);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        ec = std::error_code(errno, asio::error::get_system_category());
+        return 0;
+    }
+}
+
+/// Completion condition for async_read/async_write: all of it, and all of the rest in every
+/// system call. (Asio's transfer_all caps each call at 64 KiB: a 64 MiB tensor took 1024 passes
+/// through the event loop, one epoll_wait each.)
+struct TransferRest {
+    std::size_t total;
+    std::size_t operator()(const std::error_code& ec, std::size_t done) const { return ec ? 0 : total - done; }
+};
+
+/// Drops the first `n` bytes of a buffer sequence.
+void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
+    std::size_t i = 0;
+    while (i < bufs.size() && n >= bufs[i].size()) {
+        n -= bufs[i].size();
+        ++i;
+    }
+    bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+    if (n > 0 && !bufs.empty()) bufs[0] += n;
+}
 }  // namespace
 
 struct OutFrame {
@@ -57,7 +98,10 @@ struct ConnectionState {
     std::size_t rbeg = 0, rend = 0;
 
     std::vector<OutFrame> queue, batch;
+    std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
+    bool writing = false;           ///< the writer is between taking a batch and finishing its write
     std::vector<asio::const_buffer> bufs;
+    std::vector<iovec> iov;
     asio::steady_timer wake;
 
     bool open = true;
@@ -82,6 +126,39 @@ struct ConnectionState {
         std::error_code ec;
         socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
         socket.close(ec);
+        wake.cancel();
+    }
+
+    /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
+    void gather(std::vector<OutFrame>& frames, std::size_t skip) {
+        bufs.clear();
+        for (auto& f : frames) {
+            bufs.push_back(asio::buffer(f.head));
+            if (!f.payload.empty()) bufs.push_back(asio::buffer(f.payload));
+            for (auto& t : f.tensors)
+                if (t.nbytes() > 0) bufs.push_back(asio::buffer(t.data(), t.nbytes()));
+        }
+        if (skip) consume(bufs, skip);
+    }
+
+    /// Writes the queue now with one non-blocking sendmsg; the writer is woken for any rest.
+    void flush_now() {
+        gather(queue, queue_written);
+        std::error_code ec;
+        const std::size_t total = asio::buffer_size(bufs);
+        const std::size_t n = try_write_now(socket, bufs, iov, ec);
+        ++stats.writes;
+        if (ec) {
+            close(from_error_code(ec, "writing to " + who()).on_worker(peer.name));
+            return;
+        }
+        if (n == total) {
+            stats.frames_sent += queue.size();
+            queue.clear();
+            queue_written = 0;
+            return;
+        }
+        queue_written += n;
         wake.cancel();
     }
 
@@ -126,7 +203,7 @@ struct ConnectionState {
         n -= have;
         if (n == 0) co_return ok();
         if (n >= kDirectReadMin) {
-            auto [ec, k] = co_await asio::async_read(socket, asio::buffer(dst, n), use_nothrow);
+            auto [ec, k] = co_await asio::async_read(socket, asio::buffer(dst, n), TransferRest{n}, use_nothrow);
             ++stats.reads;
             if (ec) {
                 if (!open) co_return fail(closed_error());
@@ -198,41 +275,7 @@ struct ConnectionState {
 
 namespace {
 
-/// One non-blocking sendmsg of as many buffers as one call takes (IOV_MAX). Writing before
-/// handing the rest to the event loop saves a submission round trip on the latency path.
-std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::const_buffer>& bufs,
-                          std::vector<iovec>& iov, std::error_code& ec) {
-    iov.clear();
-    for (const auto& b : bufs) {
-        if (iov.size() == IOV_MAX) break;
-        iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
-    }
-    msghdr msg{};
-    msg.msg_iov = iov.data();
-    msg.msg_iovlen = iov.size();
-    for (;;) {
-        ssize_t n = ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n >= 0) return static_cast<std::size_t>(n);
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        ec = std::error_code(errno, asio::error::get_system_category());
-        return 0;
-    }
-}
-
-/// Drops the first `n` bytes of a buffer sequence.
-void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
-    std::size_t i = 0;
-    while (i < bufs.size() && n >= bufs[i].size()) {
-        n -= bufs[i].size();
-        ++i;
-    }
-    bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
-    if (n > 0 && !bufs.empty()) bufs[0] += n;
-}
-
 Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
-    std::vector<iovec> iov;
     while (s->open) {
         if (s->queue.empty()) {
             auto [ec] = co_await s->wake.async_wait(use_nothrow);
@@ -240,23 +283,20 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
             continue;
         }
         s->batch.swap(s->queue);
-        s->bufs.clear();
-        for (auto& f : s->batch) {
-            s->bufs.push_back(asio::buffer(f.head));
-            if (!f.payload.empty()) s->bufs.push_back(asio::buffer(f.payload));
-            for (auto& t : f.tensors)
-                if (t.nbytes() > 0) s->bufs.push_back(asio::buffer(t.data(), t.nbytes()));
-        }
+        s->gather(s->batch, s->queue_written);
+        s->queue_written = 0;
+        s->writing = true;
         ++s->stats.writes;
         s->stats.frames_sent += s->batch.size();
         std::error_code ec;
         const std::size_t total = asio::buffer_size(s->bufs);
-        const std::size_t n = try_write_now(s->socket, s->bufs, iov, ec);
+        const std::size_t n = try_write_now(s->socket, s->bufs, s->iov, ec);
         if (!ec && n < total) {
             consume(s->bufs, n);
-            auto [aec, m] = co_await asio::async_write(s->socket, s->bufs, use_nothrow);
+            auto [aec, m] = co_await asio::async_write(s->socket, s->bufs, TransferRest{total - n}, use_nothrow);
             ec = aec;
         }
+        s->writing = false;
         s->batch.clear();
         if (ec) {
             if (s->open) s->close(from_error_code(ec, "writing to " + s->who()).on_worker(s->peer.name));
@@ -380,7 +420,7 @@ Executor Connection::get_executor() const { return state_->socket.get_executor()
 
 void Connection::set_allocator(TensorAllocator allocator) { state_->allocator = std::move(allocator); }
 
-Result<void> Connection::send(Frame frame) {
+Result<void> Connection::send(Frame frame, bool flush) {
     auto& s = *state_;
     if (!s.open) return fail(s.closed_error());
     bool inl = false;
@@ -389,9 +429,16 @@ Result<void> Connection::send(Frame frame) {
     detail::OutFrame out{std::move(*head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
     bool was_empty = s.queue.empty();
     s.queue.push_back(std::move(out));
-    if (was_empty) s.wake.cancel();
+    if (flush && !s.writing) {
+        s.flush_now();
+        if (!s.open) return fail(s.closed_error());
+    } else if (was_empty) {
+        s.wake.cancel();
+    }
     return ok();
 }
+
+bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 
 Task<Result<Frame>> Connection::receive() {
     auto s = state_;  // keeps the state alive across the read even if the handle goes away

@@ -1,6 +1,9 @@
 // Native agent, in process: echo, many calls out of order, self calls, handler kinds, errors, timeouts, shutdown.
 #include "rpc/agent_test_util.hpp"
 
+#include <tensorplay/rpc/api.hpp>
+
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 
 #include <atomic>
@@ -212,6 +215,35 @@ TEST_CASE("registering a handler name twice is already_registered", "[rpc][agent
     });
 }
 
+TEST_CASE("startup handlers are installed in every new agent before it reports ready", "[rpc][agent]") {
+    // Process-wide: the names are this test's own.
+    auto reg = register_startup_handler("startup/echo", [](WorkerInfo caller, Message m) -> Task<Result<Message>> {
+        m.payload.insert(m.payload.end(), caller.name.begin(), caller.name.end());
+        co_return m;
+    });
+    REQUIRE(reg);
+    auto twice = register_startup_blocking_handler("startup/echo", [](const WorkerInfo&, Message m) -> Result<Message> { return m; });
+    REQUIRE_FALSE(twice);
+    CHECK(twice.error().code() == Errc::already_registered);
+    CHECK(register_startup_handler("startup/empty", {}).error().code() == Errc::invalid_argument);
+    REQUIRE(register_startup_blocking_handler("startup/size", [](const WorkerInfo&, Message m) -> Result<Message> {
+        return test::text_message(std::to_string(m.payload.size()));
+    }));
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(3);
+        // The very first calls, with no registration on the agents themselves.
+        auto r = co_await g[0]->rpc_async("worker2", "startup/echo", test::text_message("from "));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("from worker0"));
+        auto n = co_await g[2]->rpc_async("worker1", "startup/size", test::text_message("12345"));
+        REQUIRE(n);
+        CHECK(n->payload == bytes("5"));
+        auto clash = g[1]->register_handler("startup/echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
+        CHECK(clash.error().code() == Errc::already_registered);
+        co_await test::shutdown_all(g);
+    });
+}
+
 TEST_CASE("a call that times out returns timeout, and its late reply is dropped", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
@@ -233,6 +265,35 @@ TEST_CASE("a call that times out returns timeout, and its late reply is dropped"
         CHECK(r2->payload == bytes("on time"));
         auto self = co_await g[0]->rpc_async("worker0", "slow", {}, 0.05);
         CHECK(self.error().code() == Errc::timeout);
+        co_await test::shutdown_all(g);
+    });
+}
+
+namespace {
+Task<void> call_and_flag(test::AgentPtr agent, bool& done, bool& ok) {
+    auto r = co_await agent->rpc_async("worker1", "slow", test::text_message("long"), 5);
+    ok = r.has_value();
+    done = true;
+}
+}  // namespace
+
+TEST_CASE("a short timeout fires on time while a call with a longer one is pending", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        REQUIRE(g[1]->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
+            co_await test::sleep_for(300ms);
+            co_return m;
+        }));
+        auto ex = co_await asio::this_coro::executor;
+        bool long_done = false, long_ok = false;
+        asio::co_spawn(ex, call_and_flag(g[0], long_done, long_ok), asio::detached);
+        co_await test::sleep_for(10ms);  // the 5 s deadline is registered first
+        auto r = co_await g[0]->rpc_async("worker1", "slow", test::text_message("short"), 0.05);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK_FALSE(long_done);  // the short deadline did not wait for the long one
+        while (!long_done) co_await test::sleep_for(10ms);
+        CHECK(long_ok);
         co_await test::shutdown_all(g);
     });
 }

@@ -112,8 +112,13 @@ public:
     /// Replaces the allocator for incoming tensors (default: CPU tensors only, others refused).
     void set_allocator(TensorAllocator allocator);
     /// Queues `frame` for writing; the tensors are referenced, not copied, until written.
+    /// `flush`: when no write is in progress, write everything queued now, in this call (one
+    /// non-blocking sendmsg; the writer takes any rest). Use it when no other frame will follow
+    /// soon; without it, frames queued in the same turn of the event loop share one write.
     /// Errc::connection_lost (or the close reason) when the connection is closed.
-    [[nodiscard]] Result<void> send(Frame frame);
+    [[nodiscard]] Result<void> send(Frame frame, bool flush = false);
+    /// True when bytes of further frames are already buffered (receive() will not wait for them).
+    [[nodiscard]] bool input_pending() const noexcept;
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
     /// connection (a frame may be half read).
     [[nodiscard]] Task<Result<Frame>> receive();
