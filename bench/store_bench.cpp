@@ -10,6 +10,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -153,15 +154,24 @@ std::optional<T> run_blocking(Task<Result<T>> task) {
     return **out;
 }
 
+// For profiling one part: TP_STORE_BENCH_ONLY=ours,ours113,torch (servers) and
+// TP_STORE_BENCH_PHASES=ops1,ops64,ag64,ag256,ag1024 (figures); unset means all.
+bool selected(const char* var, const std::string& name) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) return true;
+    const std::string list = std::string(",") + v + ",";
+    return list.find("," + name + ",") != std::string::npos;
+}
+
 Figures measure(Load load) {
     Figures f;
     load.tag += "1";
-    f.ops_1 = run_blocking(ops_per_s(load, 1)).value_or(0);
+    if (selected("TP_STORE_BENCH_PHASES", "ops1")) f.ops_1 = run_blocking(ops_per_s(load, 1)).value_or(0);
     load.tag += "64";
-    f.ops_64 = run_blocking(ops_per_s(load, 64)).value_or(0);
-    f.ag_64 = run_blocking(allgather_s(load, 64));
-    f.ag_256 = run_blocking(allgather_s(load, 256));
-    f.ag_1024 = run_blocking(allgather_s(load, 1024));
+    if (selected("TP_STORE_BENCH_PHASES", "ops64")) f.ops_64 = run_blocking(ops_per_s(load, 64)).value_or(0);
+    if (selected("TP_STORE_BENCH_PHASES", "ag64")) f.ag_64 = run_blocking(allgather_s(load, 64));
+    if (selected("TP_STORE_BENCH_PHASES", "ag256")) f.ag_256 = run_blocking(allgather_s(load, 256));
+    if (selected("TP_STORE_BENCH_PHASES", "ag1024")) f.ag_1024 = run_blocking(allgather_s(load, 1024));
     return f;
 }
 
@@ -202,10 +212,14 @@ int main() {
         return 1;
     }
     auto guard = asio::make_work_guard(server_ctx);
-    std::thread server_thread([&] { server_ctx.run(); });
+    std::thread server_thread([&] {
+        pthread_setname_np(pthread_self(), "store_server");  // to tell the threads apart in perf
+        server_ctx.run();
+    });
     const auto port = (*server)->port();
-    Figures ours113 = measure({port, TcpStoreDialect::torch113, false, "t113"});
-    Figures ours = measure({port, TcpStoreDialect::torch2, true, "t2"});
+    Figures ours113, ours;
+    if (selected("TP_STORE_BENCH_ONLY", "ours113")) ours113 = measure({port, TcpStoreDialect::torch113, false, "t113"});
+    if (selected("TP_STORE_BENCH_ONLY", "ours")) ours = measure({port, TcpStoreDialect::torch2, true, "t2"});
     (*server)->stop();
     guard.reset();
     server_thread.join();
@@ -215,7 +229,8 @@ int main() {
         "exec /usr/bin/python3 -c \"import sys, datetime, torch.distributed as d; "
         "s = d.TCPStore('127.0.0.1', 0, None, True, datetime.timedelta(seconds=600), wait_for_workers=False); "
         "print('PORT', s.port, flush=True); s.wait(['bench_done'], datetime.timedelta(seconds=600))\" 2>/dev/null";
-    if (std::system("/usr/bin/python3 -c \"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)\" 2>/dev/null") == 0) {
+    if (selected("TP_STORE_BENCH_ONLY", "torch") &&
+        std::system("/usr/bin/python3 -c \"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)\" 2>/dev/null") == 0) {
         if (FILE* py = ::popen(script, "r")) {
             char line[128] = {0};
             std::uint16_t tport = 0;

@@ -52,13 +52,23 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
             else c10d::put_bytes(out, it->second);
             return true;
         }
-        case Op::multi_get:
+        case Op::multi_get: {
+            // One lookup per key; the reply is sized first so that the values are copied once.
+            std::vector<const Bytes*>& found = multi_get_scratch;
+            found.clear();
+            std::size_t total = 0;
             for (auto key : r.keys) {
                 auto it = data.find(key);
-                if (it == data.end()) c10d::put_u64(out, 0);
-                else c10d::put_bytes(out, it->second);
+                found.push_back(it == data.end() ? nullptr : &it->second);
+                total += 8 + (found.back() ? found.back()->size() : 0);
+            }
+            if (out.capacity() - out.size() < total) out.reserve(std::max(out.size() + total, 2 * out.capacity()));
+            for (const Bytes* v : found) {
+                if (v) c10d::put_bytes(out, *v);
+                else c10d::put_u64(out, 0);
             }
             return true;
+        }
         case Op::add: return add(c, r.keys[0], r.integer, why);
         case Op::check: {
             bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](auto k) { return data.contains(k); });

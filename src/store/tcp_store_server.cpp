@@ -84,6 +84,7 @@ std::size_t sniff(StoreConn& c) {
     return 0;
 }
 
+// Sends what send_dirty() could not: woken (wake.cancel) only when the socket's buffer was full.
 Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_ptr<StoreConn> c) {
     while (!c->closed) {
         if (c->out.empty()) {
@@ -92,8 +93,10 @@ Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             continue;
         }
         std::swap(c->out, c->writing);
+        c->writer_busy = true;
         auto [ec, n] = co_await asio::async_write(c->socket, asio::buffer(c->writing), detail::use_nothrow);
         (void)n;
+        c->writer_busy = false;
         c->writing.clear();
         c->drained.cancel();
         if (ec) {
@@ -144,6 +147,8 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             if (!server->handle(*c, request, why)) break;
             c->in_begin += r.size;
         }
+        if (!c->out.empty()) c->flush();
+        server->send_dirty();  // this connection's replies and the waiters this batch woke
         if (!why.empty()) {
             log(LogLevel::warn, "store", "closing connection from " + c->peer + ": " + why);
             break;
@@ -155,7 +160,6 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
                 c->in_cap = kInitialReadBuffer;
             }
         }
-        if (!c->out.empty()) c->flush();
         // Back-pressure: a client that does not read its replies stops being read.
         while (c->out.size() + c->writing.size() > kOutHighWater && !c->closed) {
             c->drained.expires_at(asio::steady_timer::time_point::max());
@@ -180,6 +184,7 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         }
         std::error_code ignored;
         socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        socket.non_blocking(true, ignored);  // send_dirty's direct sends must never block the strand
         auto c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
         server->conns.insert(c.get());
         asio::co_spawn(server->strand, run_reader(server, c),
@@ -208,6 +213,39 @@ Result<void> open_acceptor(asio::ip::tcp::acceptor& a, const asio::ip::tcp::endp
 }  // namespace
 
 namespace detail {
+void StoreConn::flush() {
+    if (dirty || closed) return;
+    dirty = true;
+    server.dirty.push_back(this);
+}
+
+void StoreServerState::send_dirty() {
+    // Every connection listed is alive: entries are added and removed within one strand handler.
+    for (std::size_t i = 0; i < dirty.size(); ++i) {
+        StoreConn& c = *dirty[i];
+        c.dirty = false;
+        if (c.closed || c.out.empty()) continue;
+        if (c.writer_busy) {
+            c.wake.cancel();  // after its write, the writer sends `out` too
+            continue;
+        }
+        std::error_code ec;
+        const std::size_t n = c.socket.send(asio::buffer(c.out), 0, ec);
+        if (!ec && n == c.out.size()) {
+            c.out.clear();
+            continue;
+        }
+        if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+            log(LogLevel::debug, "store", "write to " + c.peer + " failed: " + ec.message());
+            close(c);
+            continue;
+        }
+        if (!ec) c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(n));
+        c.wake.cancel();  // the writer sends the rest when the socket can take it
+    }
+    dirty.clear();
+}
+
 StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint64_t conn_id)
     : server(s), socket(std::move(sock)), id(conn_id), wake(s.strand), drained(s.strand) {
     std::error_code ec;

@@ -31,8 +31,10 @@ using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>
 
 struct StoreServerState;
 
-/// One client connection. Its reader parses requests and runs them; its writer sends what the
-/// reader and other connections' wake-ups appended to `out`. Owned by its two coroutines.
+/// One client connection. Its reader parses every request buffered and runs it; the replies (and
+/// other connections' wake-ups) collect in `out`, which is sent once per read batch, directly with a
+/// non-blocking send; the writer coroutine sends only what the socket would not take at once.
+/// Owned by its two coroutines.
 struct StoreConn {
     StoreConn(StoreServerState& server, asio::ip::tcp::socket socket, std::uint64_t id);
 
@@ -49,8 +51,10 @@ struct StoreConn {
     std::unique_ptr<std::uint8_t[]> in;
     std::size_t in_cap = 0, in_begin = 0, in_end = 0;
 
-    Bytes out;      // replies not yet handed to the writer
+    Bytes out;      // replies not yet sent
     Bytes writing;  // the buffer the writer is sending
+    bool writer_busy = false;  // the writer is sending `writing`: `out` must wait for it (order)
+    bool dirty = false;        // listed in the server's `dirty`: `out` has data to send
     asio::steady_timer wake;     // cancelled to tell the writer that `out` has data (or to close)
     asio::steady_timer drained;  // cancelled by the writer after each write (reader back-pressure)
 
@@ -64,8 +68,8 @@ struct StoreConn {
     std::vector<std::string> watch_keys;  // keys this connection watches (legacy WATCH_KEY)
     std::uint64_t next_wait_id = 1;
 
-    /// Tells the writer there is something to send.
-    void flush() { wake.cancel(); }
+    /// Notes that `out` has something to send (sent at the end of the current read batch).
+    void flush();
 };
 
 /// The state shared by all connections: only touched on `strand`.
@@ -89,6 +93,12 @@ struct StoreServerState {
     StringMap<std::vector<WaitRef>> waiters;
     StringMap<std::vector<StoreConn*>> watchers;
     std::unordered_set<StoreConn*> conns;
+    std::vector<const Bytes*> multi_get_scratch;  // reused by MULTI_GET
+    std::vector<StoreConn*> dirty;  // connections with replies to send; emptied before any suspension
+
+    /// Sends what every dirty connection has in `out`: one non-blocking send each, the writer
+    /// coroutine taking over what the socket did not accept. Called at the end of each read batch.
+    void send_dirty();
 
     /// Runs one parsed request of `c`; false when the connection must close (`why` says why).
     bool handle(StoreConn& c, const c10d::Request& r, std::string& why);
