@@ -165,6 +165,23 @@ AgentCore::~AgentCore() {
     acceptor.close(ec);
 }
 
+namespace {
+/// Checks a `_transports` / `_channels` choice against what this agent implements: at least one
+/// must be available. "uv" is TensorPipe's name for its TCP transport, which ours replaces.
+Result<void> check_choice(const std::optional<std::vector<std::string>>& wanted, std::string_view what,
+                          std::initializer_list<std::string_view> available) {
+    if (!wanted) return ok();
+    for (const auto& w : *wanted)
+        for (auto a : available)
+            if (w == a) return ok();
+    std::string asked, have;
+    for (const auto& w : *wanted) asked += (asked.empty() ? "" : ", ") + w;
+    for (auto a : available) have += (have.empty() ? "" : ", ") + std::string(a);
+    return fail(Errc::not_supported, "none of the " + std::string(what) + " [" + asked +
+                                         "] is available in this agent (available: " + have + ")");
+}
+}  // namespace
+
 HelloInfo AgentCore::hello() const {
     HelloInfo h;
     h.name = self.name;
@@ -267,6 +284,10 @@ Task<Result<void>> AgentCore::start() {
     if (self.id < 0 || self.id >= world_size)
         co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
     if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
+    if (tp_options) {
+        if (auto c = check_choice(tp_options->transports, "_transports", {"tcp", "uv"}); !c) co_return c;
+        if (auto c = check_choice(tp_options->channels, "_channels", {"basic"}); !c) co_return c;
+    }
     // Startup handlers go in before anyone can reach this worker.
     for (auto& h : startup_handlers())
         if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;

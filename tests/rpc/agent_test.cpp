@@ -244,6 +244,36 @@ TEST_CASE("startup handlers are installed in every new agent before it reports r
     });
 }
 
+TEST_CASE("_transports and _channels must name one that the agent has", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
+        auto args = test::init_args(store, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
+            o.transports = std::vector<std::string>{"shm", "ibv"};
+        });
+        auto a = co_await detail::NativeAgent::create(std::move(args));
+        REQUIRE_FALSE(a);
+        CHECK(a.error().code() == Errc::not_supported);
+        CHECK(a.error().message().find("shm, ibv") != std::string::npos);
+        CHECK(a.error().message().find("available: tcp, uv") != std::string::npos);
+        auto args2 = test::init_args(store, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
+            o.channels = std::vector<std::string>{"cuda_ipc"};
+        });
+        auto b = co_await detail::NativeAgent::create(std::move(args2));
+        REQUIRE_FALSE(b);
+        CHECK(b.error().message().find("_channels") != std::string::npos);
+        // TensorPipe's names for what the agent has are accepted.
+        auto store3 = std::make_shared<HashStore>(std::chrono::seconds(5));
+        auto args3 = test::init_args(store3, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
+            o.transports = std::vector<std::string>{"shm", "uv"};
+            o.channels = std::vector<std::string>{"cma", "basic"};
+        });
+        auto c = co_await detail::NativeAgent::create(std::move(args3));
+        REQUIRE(c);
+        auto down = co_await (*c)->shutdown(true, 5);
+        CHECK(down);
+    });
+}
+
 TEST_CASE("a call that times out returns timeout, and its late reply is dropped", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);

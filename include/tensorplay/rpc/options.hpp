@@ -40,9 +40,11 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     DeviceMaps device_maps;
     /// The devices this worker uses; empty: derived from the device maps (CPU dropped).
     std::vector<Device> devices;
-    /// Transports to use, highest priority first; nullopt: every transport built in.
+    /// Transports to use, highest priority first; nullopt: every transport built in. The native
+    /// agent has "tcp" (TensorPipe's "uv"); a list naming none of them fails init with not_supported.
     std::optional<std::vector<std::string>> transports;
-    /// Channels to use, highest priority first; nullopt: every channel built in.
+    /// Channels to use, highest priority first; nullopt: every channel built in. The native agent
+    /// has "basic"; a list without it fails init with not_supported.
     std::optional<std::vector<std::string>> channels;
     /// Address the agent listens on ("host", "host:port", "unix:/path"); empty: chosen automatically.
     std::string listen_address;
