@@ -123,10 +123,9 @@ Task<Result<void>> read_replies(ClientState* s, Lane* lane, PendingOp* op) {
     co_return ok();
 }
 
-Task<void> watchdog(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane, std::uint64_t generation) {
-    auto [ec] = co_await lane->wait_timer.async_wait(use_nothrow);
-    if (ec || !lane->wait_armed || lane->wait_generation != generation || lane->dead) co_return;
-    lane->wait_armed = false;
+// A WAIT passed its deadline (found by the reaper, which has disarmed it).
+Task<void> cancel_wait(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) {
+    if (lane->dead) co_return;
     if (s->dialect == c10d::Dialect::modern) {
         lane->cancel_sent = true;
         static const std::uint8_t cancel = *c10d::encode_type(c10d::Dialect::modern, c10d::Op::cancel_wait);
@@ -153,15 +152,11 @@ Task<Result<WaitOutcome>> finish_wait(std::shared_ptr<ClientState> s, std::share
     lane->dropped = false;
     if (op->deadline) {
         lane->wait_armed = true;
-        const auto generation = ++lane->wait_generation;
-        lane->wait_timer.expires_at(*op->deadline);
-        asio::co_spawn(s->strand, watchdog(s, lane, generation), [](std::exception_ptr e) {
-            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait watchdog").to_string());
-        });
+        lane->wait_deadline = *op->deadline;
+        s->arm(*op->deadline);
     }
     auto b = co_await read_u8(lane.get(), &s->where);
     lane->wait_armed = false;
-    lane->wait_timer.cancel();
     if (!b) {
         if (!lane->dropped || s->closed) co_return fail(b.error());
         op->error = wait_timeout_error(*op, Clock::now() - sent);
@@ -204,7 +199,9 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
     while (!lane->dead) {
         if (lane->queue.empty()) {
             lane->kick.expires_at(asio::steady_timer::time_point::max());
+            lane->parked = true;
             co_await lane->kick.async_wait(use_nothrow);
+            lane->parked = false;
             continue;
         }
         batch.clear();
@@ -278,13 +275,77 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 
 }  // namespace
 
-Lane::Lane(ClientState& client) : socket(client.strand), kick(client.strand), wait_timer(client.strand) {}
+Lane::Lane(ClientState& client) : socket(client.strand), kick(client.strand) {}
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),
       options(std::move(opts)),
       dialect(options.dialect == TcpStoreDialect::torch2 ? c10d::Dialect::modern : c10d::Dialect::legacy),
-      where(options.host + ":" + std::to_string(options.port)) {}
+      where(options.host + ":" + std::to_string(options.port)),
+      reaper_timer(strand, asio::steady_timer::time_point::max()) {}
+
+namespace {
+
+// The client's one deadline keeper: fails operations past their caller's limit and cancels WAITs
+// past theirs. Sleeps until the earliest deadline; runs while the client is usable.
+Task<void> reap(std::shared_ptr<ClientState> s) {
+    while (!s->broken) {
+        auto [ec] = co_await s->reaper_timer.async_wait(use_nothrow);
+        (void)ec;  // cancelled: re-armed earlier, or shut
+        if (s->broken) break;
+        const auto now = Clock::now();
+        while (!s->timed.empty() && s->timed.begin()->first <= now) {
+            auto op = s->timed.begin()->second.lock();
+            s->timed.erase(s->timed.begin());
+            if (!op) continue;
+            op->timed = nullptr;
+            if (op->done) continue;
+            op->abandoned = true;
+            op->error = Error(Errc::timeout, "timed out after " + ms_string(op->limit) + " waiting for the store's reply");
+            finish(*op);
+        }
+        auto next = s->timed.empty() ? Clock::time_point::max() : s->timed.begin()->first;
+        auto lanes = s->lanes;
+        for (auto& lane : lanes) {
+            if (!lane->wait_armed) continue;
+            if (lane->wait_deadline <= now) {
+                lane->wait_armed = false;
+                asio::co_spawn(s->strand, cancel_wait(s, lane), [](std::exception_ptr e) {
+                    if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait watchdog").to_string());
+                });
+            } else {
+                next = std::min(next, lane->wait_deadline);
+            }
+        }
+        if (s->reaper_timer.expiry() <= now || next < s->reaper_timer.expiry()) s->reaper_timer.expires_at(next);
+    }
+    s->reaper_running = false;
+}
+
+}  // namespace
+
+void ClientState::arm(Clock::time_point t) {
+    if (!reaper_running && !broken) {
+        reaper_running = true;
+        reaper_timer.expires_at(t);
+        asio::co_spawn(strand, reap(shared_from_this()), [](std::exception_ptr e) {
+            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store client deadlines").to_string());
+        });
+        return;
+    }
+    if (t < reaper_timer.expiry()) reaper_timer.expires_at(t);  // wakes the reaper to re-arm earlier
+}
+
+void ClientState::start_op(const std::shared_ptr<PendingOp>& op) {
+    if (op->done) return;  // cancelled on its way here
+    if (op->limit > Duration::zero()) {
+        const auto deadline = Clock::now() + op->limit;
+        op->timed = &timed;
+        op->timed_pos = timed.emplace(deadline, op);
+        arm(deadline);
+    }
+    submit(op);
+}
 
 Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, bool retry) {
     asio::ip::tcp::resolver resolver(strand);
@@ -374,7 +435,7 @@ void ClientState::submit(const std::shared_ptr<PendingOp>& op) {
     if (!lane) lane = add_lane(std::make_shared<Lane>(*this), false);
     if (!op->wait_request.empty()) ++lane->waits;
     lane->queue.push_back(op);
-    lane->kick.cancel();
+    if (lane->parked) lane->kick.cancel();
 }
 
 void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_ptr<PendingOp>>* inflight) {
@@ -390,7 +451,7 @@ void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_
     std::erase_if(lanes, [&](const std::shared_ptr<Lane>& l) { return l.get() == &lane; });
     std::error_code ignored;
     lane.socket.close(ignored);
-    lane.wait_timer.cancel();
+    lane.wait_armed = false;
     lane.kick.cancel();
     // Operations never sent can go on another lane (or fail at once if the client is broken).
     auto unsent = std::move(lane.queue);
@@ -407,6 +468,7 @@ void ClientState::shut(Error e) {
             log(LogLevel::warn, "store", "store client for " + where + " failed: " + broken->to_string());
     }
     closed = closed || broken->code() == Errc::shutdown;
+    reaper_timer.cancel();  // the reaper sees `broken` and ends
     auto all = lanes;
     for (auto& l : all) {
         std::vector<std::shared_ptr<PendingOp>> inflight(l->queue.begin(), l->queue.end());
@@ -417,26 +479,14 @@ void ClientState::shut(Error e) {
 
 void finish(PendingOp& op) {
     op.done = true;
-    op.signal.cancel();
-}
-
-Task<Result<void>> await_op(std::shared_ptr<PendingOp> op, Duration limit) {
-    // The op's own timer is the deadline: finish() cancels it, expiry means timeout. Cheaper than
-    // racing a second timer with with_timeout on every operation.
-    if (!op->done) {
-        if (limit > Duration::zero()) op->signal.expires_after(limit);
-        auto [ec] = co_await op->signal.async_wait(use_nothrow);
-        if (!op->done) {
-            op->abandoned = true;
-            if (!ec)
-                co_return fail(Errc::timeout, "timed out after " +
-                                                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
-                                                  " ms waiting for the store's reply");
-            co_return fail(Errc::cancelled, "store operation cancelled");
-        }
+    if (op.timed) {
+        op.timed->erase(op.timed_pos);
+        op.timed = nullptr;
     }
-    if (op->error) co_return fail(*op->error);
-    co_return ok();
+    if (op.waiter) {
+        auto w = std::move(op.waiter);
+        w->complete();
+    }
 }
 
 }  // namespace tensorplay::detail

@@ -5,11 +5,19 @@
 
 #include "store/c10d_protocol.hpp"
 
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/execution/outstanding_work.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
+#include <asio/prefer.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,11 +27,40 @@ namespace tensorplay::detail {
 
 enum class ReplyKind : std::uint8_t { u8, u32, i64, bytes };
 
+struct PendingOp;
+using TimedOps = std::multimap<Clock::time_point, std::weak_ptr<PendingOp>>;
+
+/// The caller's completion handler of one operation, type-erased. complete() posts it to the
+/// caller's executor (never runs it inline), which is kept from running out of work meanwhile.
+struct OpWaiter {
+    virtual ~OpWaiter() = default;
+    virtual void complete() = 0;
+};
+
+template <class Handler>
+struct OpWaiterImpl final : OpWaiter {
+    explicit OpWaiterImpl(Handler h)
+        : handler(std::move(h)),
+          work(asio::prefer(asio::get_associated_executor(handler), asio::execution::outstanding_work.tracked)),
+          slot(asio::get_associated_cancellation_slot(handler)) {}
+    void complete() override {
+        auto ex = work;
+        asio::post(ex, [h = std::move(handler), slot = slot]() mutable {
+            if (slot.is_connected()) slot.clear();
+            std::move(h)();
+        });
+    }
+    Handler handler;
+    std::decay_t<decltype(asio::prefer(std::declval<asio::associated_executor_t<Handler>>(),
+                                       asio::execution::outstanding_work.tracked))>
+        work;
+    asio::associated_cancellation_slot_t<Handler> slot;
+};
+
 /// One queued operation. An optional WAIT goes first (its reply is awaited until `deadline`, then
 /// cancelled); `request` is sent after it succeeds (or at once when there is no WAIT) and its
 /// replies, of the kinds in `expect`, are collected in order.
 struct PendingOp {
-    explicit PendingOp(const asio::strand<Executor>& strand) : signal(strand, asio::steady_timer::time_point::max()) {}
 
     Bytes wait_request;
     std::string wait_keys;  // for the timeout message
@@ -36,7 +73,11 @@ struct PendingOp {
     std::optional<Error> error;
     bool done = false;
     bool abandoned = false;  // the caller stopped waiting: not sent if still queued, reply dropped
-    asio::steady_timer signal;
+
+    std::unique_ptr<OpWaiter> waiter;  // set before the op reaches the strand; taken by finish()
+    Duration limit{};                  // the caller's wait limit (<= 0: none)
+    TimedOps* timed = nullptr;         // where its deadline is registered (strand), if it is
+    TimedOps::iterator timed_pos;
 };
 
 struct ClientState;
@@ -57,9 +98,11 @@ struct Lane {
     std::size_t in_begin = 0;
     Bytes out;
 
-    // WAIT deadline: the watchdog sends CANCEL_WAIT (torch2) or closes the socket (torch113).
-    asio::steady_timer wait_timer;
-    std::uint64_t wait_generation = 0;
+    bool parked = false;  // the actor waits on `kick`
+
+    // WAIT deadline, checked by the client's reaper: at expiry it sends CANCEL_WAIT (torch2) or
+    // closes the socket (torch113).
+    Clock::time_point wait_deadline{};
     bool wait_armed = false;
     bool cancel_sent = false;
     bool dropped = false;
@@ -76,6 +119,15 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
     std::optional<Error> broken;  // set once: every later operation fails with it
     bool closed = false;
 
+    // Deadlines of operations and WAITs: one timer for the whole client, armed at the earliest.
+    TimedOps timed;
+    asio::steady_timer reaper_timer;
+    bool reaper_running = false;
+
+    /// On the strand: registers `op`'s deadline (when it has a limit) and queues it.
+    void start_op(const std::shared_ptr<PendingOp>& op);
+    /// On the strand: makes the reaper wake by `t` at the latest (starting it if needed).
+    void arm(Clock::time_point t);
     /// Connects `lane` (retrying until `deadline` when `retry`) and handshakes (torch2).
     Task<Result<void>> open(Lane& lane, Clock::time_point deadline, bool retry);
     /// Queues `op` on a lane without a WAIT (a new lane when there is none) and wakes its actor.
@@ -88,9 +140,41 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
     void shut(Error e);
 };
 
-/// Completes `op` (on the strand) and wakes its caller.
+/// Completes `op` (on the strand) and wakes its caller; later calls do nothing more.
 void finish(PendingOp& op);
-/// Waits (on the strand) until `op` is done, at most `limit` (<= 0: no limit).
-Task<Result<void>> await_op(std::shared_ptr<PendingOp> op, Duration limit);
+
+/// Cancels an operation from its caller's cancellation slot: on the strand, the op is abandoned
+/// (not sent if still queued, its reply dropped) and its caller completes with Errc::cancelled.
+struct OpCancel {
+    std::shared_ptr<ClientState> s;
+    std::weak_ptr<PendingOp> op;
+    void operator()(asio::cancellation_type) {
+        asio::dispatch(s->strand, [w = op] {
+            auto o = w.lock();
+            if (!o || o->done) return;
+            o->abandoned = true;
+            o->error = Error(Errc::cancelled, "store operation cancelled");
+            finish(*o);
+        });
+    }
+};
+
+/// Runs `op` from any executor: hands it to the client's strand and completes (on the caller's
+/// executor) when it is done, failed, past `limit` (> 0) or cancelled; the outcome is in `op`.
+/// No coroutine or timer of its own: deadlines are kept by the client's reaper.
+template <class Token>
+auto async_run_op(std::shared_ptr<ClientState> s, std::shared_ptr<PendingOp> op, Duration limit, Token&& token) {
+    return asio::async_initiate<Token, void()>(
+        [](auto handler, std::shared_ptr<ClientState> s, std::shared_ptr<PendingOp> op, Duration limit) {
+            using H = std::decay_t<decltype(handler)>;
+            auto slot = asio::get_associated_cancellation_slot(handler);
+            op->limit = limit;
+            op->waiter = std::make_unique<OpWaiterImpl<H>>(std::move(handler));
+            if (slot.is_connected()) slot.template emplace<OpCancel>(OpCancel{s, op});
+            auto& strand = s->strand;
+            asio::dispatch(strand, [s = std::move(s), op = std::move(op)] { s->start_op(op); });
+        },
+        token, std::move(s), std::move(op), limit);
+}
 
 }  // namespace tensorplay::detail

@@ -65,14 +65,18 @@ std::string join_keys(const std::vector<std::string>& keys) {
     return out;
 }
 
-std::shared_ptr<PendingOp> new_op(const StatePtr& s) { return std::make_shared<PendingOp>(s->strand); }
+std::shared_ptr<PendingOp> new_op(const StatePtr&) { return std::make_shared<PendingOp>(); }
 
 Encoder enc(const StatePtr& s, Bytes& b) { return Encoder{s->dialect, b}; }
 
-// Submits `op` and waits for it (on the strand). `limit` bounds the caller's wait.
+// Runs `op` on the client's strand and waits for it from the caller's executor. `limit` bounds
+// the caller's wait. The operation bodies below run on the caller's executor: they only build
+// requests and read an op's results after it completed, and the client state they read (dialect,
+// options, where) never changes after connect.
 Task<Result<void>> exec(StatePtr s, std::shared_ptr<PendingOp> op, Duration limit) {
-    s->submit(op);
-    co_return co_await detail::await_op(op, limit);
+    co_await detail::async_run_op(std::move(s), op, limit, asio::use_awaitable);
+    if (op->error) co_return fail(*op->error);
+    co_return ok();
 }
 
 void add_wait(const StatePtr& s, PendingOp& op, const std::vector<std::string>& keys, Duration timeout) {
@@ -119,6 +123,24 @@ Task<Result<T>> on_strand(StatePtr s, Task<Result<T>> body, std::string what) {
     if (e) co_return fail(detail::error_from_exception_ptr(e, what));
     if (!r) co_return fail(std::move(r).error().context(what));
     co_return std::move(r);
+}
+
+// Runs an operation body on the caller's executor; an error gets `what "key"` as context, built
+// only then. An exception (allocation failure) becomes an Error as well.
+template <class T>
+Task<Result<T>> named(Task<Result<T>> body, const char* what, std::string key = {}) {
+    std::optional<Result<T>> r;
+    try {
+        r.emplace(co_await std::move(body));
+    } catch (...) {
+        r.emplace(fail(detail::error_from_current_exception(what)));
+    }
+    if (!*r) {
+        std::string ctx = what;
+        if (!key.empty()) ctx += " \"" + c10d::printable(key) + "\"";
+        co_return fail(std::move(*r).error().context(ctx));
+    }
+    co_return std::move(*r);
 }
 
 Task<Result<void>> do_set(StatePtr s, std::string key, Bytes value) {
@@ -337,48 +359,41 @@ const TcpStoreOptions& TcpStore::options() const noexcept { return impl_->option
 bool TcpStore::has_extended_api() const noexcept { return impl_->dialect == c10d::Dialect::modern; }
 
 Task<Result<void>> TcpStore::set(std::string key, Bytes value) {
-    return on_strand(impl_, do_set(impl_, key, std::move(value)), "set \"" + c10d::printable(key) + "\"");
+    return named(do_set(impl_, key, std::move(value)), "set", key);
 }
 
-Task<Result<Bytes>> TcpStore::get(std::string key) {
-    return on_strand(impl_, do_get(impl_, key, timeout()), "get \"" + c10d::printable(key) + "\"");
-}
+Task<Result<Bytes>> TcpStore::get(std::string key) { return named(do_get(impl_, key, timeout()), "get", key); }
 
 Task<Result<std::int64_t>> TcpStore::add(std::string key, std::int64_t delta) {
-    return on_strand(impl_, do_add(impl_, key, delta, true), "add \"" + c10d::printable(key) + "\"");
+    return named(do_add(impl_, key, delta, true), "add", key);
 }
 
 Task<Result<Bytes>> TcpStore::compare_set(std::string key, Bytes expected, Bytes desired) {
-    return on_strand(impl_, do_compare_set(impl_, key, std::move(expected), std::move(desired)),
-                     "compare_set \"" + c10d::printable(key) + "\"");
+    return named(do_compare_set(impl_, key, std::move(expected), std::move(desired)), "compare_set", key);
 }
 
 Task<Result<void>> TcpStore::wait(std::vector<std::string> keys, Duration timeout) {
-    return on_strand(impl_, do_wait(impl_, std::move(keys), timeout), "wait");
+    return named(do_wait(impl_, std::move(keys), timeout), "wait");
 }
 
-Task<Result<bool>> TcpStore::check(std::vector<std::string> keys) {
-    return on_strand(impl_, do_check(impl_, std::move(keys)), "check");
-}
+Task<Result<bool>> TcpStore::check(std::vector<std::string> keys) { return named(do_check(impl_, std::move(keys)), "check"); }
 
-Task<Result<bool>> TcpStore::delete_key(std::string key) {
-    return on_strand(impl_, do_delete(impl_, key), "delete_key \"" + c10d::printable(key) + "\"");
-}
+Task<Result<bool>> TcpStore::delete_key(std::string key) { return named(do_delete(impl_, key), "delete_key", key); }
 
-Task<Result<std::int64_t>> TcpStore::num_keys() { return on_strand(impl_, do_num_keys(impl_), "num_keys"); }
+Task<Result<std::int64_t>> TcpStore::num_keys() { return named(do_num_keys(impl_), "num_keys"); }
 
 Task<Result<void>> TcpStore::append(std::string key, Bytes value) {
-    return on_strand(impl_, do_append(impl_, key, std::move(value)), "append \"" + c10d::printable(key) + "\"");
+    return named(do_append(impl_, key, std::move(value)), "append", key);
 }
 
 Task<Result<std::vector<Bytes>>> TcpStore::multi_get(std::vector<std::string> keys) {
-    return on_strand(impl_, do_multi_get(impl_, std::move(keys), timeout()), "multi_get");
+    return named(do_multi_get(impl_, std::move(keys), timeout()), "multi_get");
 }
 
 Task<Result<void>> TcpStore::multi_set(std::vector<std::string> keys, std::vector<Bytes> values) {
-    return on_strand(impl_, do_multi_set(impl_, std::move(keys), std::move(values)), "multi_set");
+    return named(do_multi_set(impl_, std::move(keys), std::move(values)), "multi_set");
 }
 
-Task<Result<Duration>> TcpStore::ping() { return on_strand(impl_, do_ping(impl_), "ping"); }
+Task<Result<Duration>> TcpStore::ping() { return named(do_ping(impl_), "ping"); }
 
 }  // namespace tensorplay

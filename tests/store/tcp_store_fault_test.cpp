@@ -336,3 +336,61 @@ TEST_CASE("stop closes idle connections and refuses new ones", "[store][fault]")
         CHECK(ec);
     });
 }
+
+// A "server" that accepts but never answers: the client's own deadlines must end its calls.
+Task<Result<void>> mute_server(tcp::acceptor* a, tcp::socket* peer) {
+    auto [ec] = co_await a->async_accept(*peer, detail::use_nothrow);
+    (void)ec;
+    co_return ok();
+}
+
+TEST_CASE("operations time out on their own deadline when the server never answers", "[store][fault]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        tcp::acceptor acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0});
+        tcp::socket peer(ex);
+        Spawned<void> accepting(ex, mute_server(&acceptor, &peer));
+        auto o = options_for(acceptor.local_endpoint().port());
+        o.dialect = TcpStoreDialect::torch113;  // no handshake to wait for
+        o.timeout = 200ms;
+        auto c = co_await TcpStore::connect(ex, o);
+        CO_REQUIRE(c);
+        // Two calls in flight at once, then one more: each ends with timeout, none hangs.
+        Spawned<std::int64_t> a1(ex, (*c)->add("n", 1));
+        auto a2 = co_await (*c)->add("m", 1);
+        REQUIRE_FALSE(a2);
+        CHECK(a2.error().code() == Errc::timeout);
+        auto r1 = co_await a1.join();
+        REQUIRE_FALSE(r1);
+        CHECK(r1.error().code() == Errc::timeout);
+        auto n = co_await (*c)->num_keys();
+        REQUIRE_FALSE(n);
+        CHECK(n.error().code() == Errc::timeout);
+        (*c)->close();
+    });
+}
+
+TEST_CASE("a cancelled get ends at once with cancelled and the client stays usable", "[store][fault]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        REQUIRE(server);
+        for (auto dialect : {TcpStoreDialect::torch2, TcpStoreDialect::torch113}) {
+            auto o = options_for((*server)->port());
+            o.dialect = dialect;
+            auto c = co_await TcpStore::connect(ex, o);
+            CO_REQUIRE(c);
+            Spawned<Bytes> g(ex, (*c)->get("never"));
+            co_await pause(20ms);
+            g.cancel();
+            auto r = co_await g.join();
+            REQUIRE_FALSE(r);
+            CHECK(r.error().code() == Errc::cancelled);
+            CO_REQUIRE(co_await (*c)->set("after", bytes("x")));
+            auto v = co_await (*c)->get("after");
+            REQUIRE((v && *v == bytes("x")));
+            (*c)->close();
+        }
+        (*server)->stop();
+    });
+}
