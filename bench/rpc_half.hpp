@@ -69,13 +69,13 @@ inline Task<int> callee_main(int port_pipe, int caller_gone, const ResultPipe& o
     const std::uint16_t port = (*server)->port();
     if (::write(port_pipe, &port, sizeof port) != sizeof port) co_return 1;
     std::shared_ptr<Store> store;
+    auto reg = register_startup_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
+    if (!reg) co_return 1;
     auto agent = co_await start("callee", 1, port, store);
     if (!agent) {
         std::fprintf(stderr, "rpc_bench callee: %s\n", agent.error().to_string().c_str());
         co_return 1;
     }
-    auto reg = (*agent)->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
-    if (!reg) co_return 1;
     Bytes one{1};
     if (auto s = co_await store->set("bench/ready", one); !s) co_return 1;
     progress("callee: serving until shutdown");

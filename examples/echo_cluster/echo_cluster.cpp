@@ -52,38 +52,23 @@ double percentile(std::vector<double> v, double p) {
     return v[std::min(i, v.size() - 1)];
 }
 
-tp::Task<void> pause(std::chrono::milliseconds d) {
-    asio::steady_timer t(co_await asio::this_coro::executor, d);
-    auto [ec] = co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    (void)ec;
-}
-
-// A peer may still be registering "echo" right after init returns: retry that one error briefly.
-tp::Task<tp::Result<tp::Message>> call_echo(std::string to, tp::Message request) {
-    for (int attempt = 0;; ++attempt) {
-        tp::Message copy = request;
-        auto reply = co_await tp::rpc_async(to, "echo", std::move(copy));
-        const bool not_yet = !reply && reply.error().message().find("no handler named") != std::string::npos;
-        if (!not_yet || attempt >= 100) co_return reply;
-        co_await pause(20ms);
-    }
-}
-
 tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
     const std::string name = "worker" + std::to_string(rank);
     auto options = std::make_shared<tp::TensorPipeRpcBackendOptions>();
     options->init_method = "env://";
     if (local) options->listen_address = "127.0.0.1";
-    auto agent = co_await tp::init_rpc(name, tp::BackendType::tensorpipe(), rank, world_size, options);
-    if (!agent) {
-        std::fprintf(stderr, "%s: init_rpc failed: %s\n", name.c_str(), agent.error().to_string().c_str());
-        co_return 1;
-    }
-    auto reg = (*agent)->register_handler("echo", [](tp::WorkerInfo, tp::Message m) -> tp::Task<tp::Result<tp::Message>> {
+    // Registered before init: the agent installs it before it reports ready, so a peer's first
+    // call cannot arrive before "echo" exists.
+    auto reg = tp::register_startup_handler("echo", [](tp::WorkerInfo, tp::Message m) -> tp::Task<tp::Result<tp::Message>> {
         co_return m;
     });
     if (!reg) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(), reg.error().to_string().c_str());
+        co_return 1;
+    }
+    auto agent = co_await tp::init_rpc(name, tp::BackendType::tensorpipe(), rank, world_size, options);
+    if (!agent) {
+        std::fprintf(stderr, "%s: init_rpc failed: %s\n", name.c_str(), agent.error().to_string().c_str());
         co_return 1;
     }
 
@@ -107,7 +92,7 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
             request.payload.resize(message_size);
             for (std::size_t i = 0; i < message_size; ++i) request.payload[i] = pattern(rank, peer, round, i);
             auto t0 = std::chrono::steady_clock::now();
-            auto reply = co_await call_echo(to, request);
+            auto reply = co_await tp::rpc_async(to, "echo", request);
             small_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
             if (!reply || reply->payload != request.payload) {
                 ++failures;
@@ -120,7 +105,7 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
             tp::Message with_tensor;
             with_tensor.tensors.push_back(tensor);
             t0 = std::chrono::steady_clock::now();
-            auto treply = co_await call_echo(to, std::move(with_tensor));
+            auto treply = co_await tp::rpc_async(to, "echo", std::move(with_tensor));
             tensor_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
             const bool same = treply && treply->tensors.size() == 1 && treply->tensors[0].nbytes() == tensor_size &&
                               std::memcmp(treply->tensors[0].data(), tensor.data(), tensor_size) == 0;
