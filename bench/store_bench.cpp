@@ -10,9 +10,13 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <dirent.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,13 +33,45 @@ namespace {
 struct Figures {
     double ops_1 = 0, ops_64 = 0;
     std::optional<double> ag_64, ag_256, ag_1024;
+    std::optional<double> server_us_64;  // server CPU time per operation at 64 clients
 };
+
+// CPU time (s) used so far by every thread of process `pid` (0: this process) whose id is in `tids`
+// (empty: all), from /proc/<pid>/task/*/schedstat (nanoseconds on CPU).
+double cpu_seconds(int pid, const std::vector<int>& tids) {
+    const std::string dir = "/proc/" + (pid ? std::to_string(pid) : std::string("self")) + "/task";
+    double total = 0;
+    std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+    if (!d) return 0;
+    while (dirent* e = ::readdir(d.get())) {
+        if (e->d_name[0] == '.') continue;
+        const int tid = std::atoi(e->d_name);
+        if (!tids.empty() && std::find(tids.begin(), tids.end(), tid) == tids.end()) continue;
+        if (FILE* f = std::fopen((dir + "/" + e->d_name + "/schedstat").c_str(), "r")) {
+            unsigned long long ns = 0;
+            if (std::fscanf(f, "%llu", &ns) == 1) total += static_cast<double>(ns) * 1e-9;
+            std::fclose(f);
+        }
+    }
+    return total;
+}
 
 struct Load {
     std::uint16_t port;
     TcpStoreDialect dialect;
     bool use_library_all_gather;  // tensorplay::all_gather (multi_get) vs set + multi_get written here
     std::string tag;              // key namespace of this run
+    int server_pid = 0;           // whose threads serve (0: this process, thread server_tid)
+    int server_tid = 0;
+};
+
+double server_cpu(const Load& l) {
+    return l.server_pid ? cpu_seconds(l.server_pid, {}) : cpu_seconds(0, {l.server_tid});
+}
+
+struct Rate {
+    double ops_per_s = 0;
+    double server_us_per_op = 0;
 };
 
 Task<Result<std::vector<std::shared_ptr<TcpStore>>>> connect_all(Load load, int n) {
@@ -106,9 +142,10 @@ Task<Result<std::vector<T>>> run_all(int n, Make make) {
     co_return out;
 }
 
-Task<Result<double>> ops_per_s(Load load, int clients) {
+Task<Result<Rate>> ops_per_s(Load load, int clients) {
     auto cs = co_await connect_all(load, clients);
     if (!cs) co_return fail(cs.error());
+    const double cpu0 = server_cpu(load);
     const auto start = Clock::now();
     const auto until = start + 1s;
     auto counts = co_await run_all<std::int64_t>(clients, [&](int i) {
@@ -116,10 +153,14 @@ Task<Result<double>> ops_per_s(Load load, int clients) {
     });
     if (!counts) co_return fail(counts.error());
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    const double cpu = server_cpu(load) - cpu0;
     std::int64_t total = 0;
     for (auto c : *counts) total += c;
     for (auto& c : *cs) c->close();
-    co_return static_cast<double>(total) / secs;
+    Rate rate;
+    rate.ops_per_s = static_cast<double>(total) / secs;
+    rate.server_us_per_op = total > 0 ? cpu * 1e6 / static_cast<double>(total) : 0;
+    co_return rate;
 }
 
 Task<Result<double>> allgather_s(Load load, int world) {
@@ -166,9 +207,14 @@ bool selected(const char* var, const std::string& name) {
 Figures measure(Load load) {
     Figures f;
     load.tag += "1";
-    if (selected("TP_STORE_BENCH_PHASES", "ops1")) f.ops_1 = run_blocking(ops_per_s(load, 1)).value_or(0);
+    if (selected("TP_STORE_BENCH_PHASES", "ops1")) f.ops_1 = run_blocking(ops_per_s(load, 1)).value_or(Rate{}).ops_per_s;
     load.tag += "64";
-    if (selected("TP_STORE_BENCH_PHASES", "ops64")) f.ops_64 = run_blocking(ops_per_s(load, 64)).value_or(0);
+    if (selected("TP_STORE_BENCH_PHASES", "ops64")) {
+        if (auto r = run_blocking(ops_per_s(load, 64))) {
+            f.ops_64 = r->ops_per_s;
+            f.server_us_64 = r->server_us_per_op;
+        }
+    }
     if (selected("TP_STORE_BENCH_PHASES", "ag64")) f.ag_64 = run_blocking(allgather_s(load, 64));
     if (selected("TP_STORE_BENCH_PHASES", "ag256")) f.ag_256 = run_blocking(allgather_s(load, 256));
     if (selected("TP_STORE_BENCH_PHASES", "ag1024")) f.ag_1024 = run_blocking(allgather_s(load, 1024));
@@ -193,7 +239,7 @@ std::string num(std::optional<double> v) {
 std::string json(const Figures& f) {
     return "{\"ops_per_s_1\": " + num(f.ops_1) + ", \"ops_per_s_64\": " + num(f.ops_64) +
            ", \"allgather_s_64\": " + num(f.ag_64) + ", \"allgather_s_256\": " + num(f.ag_256) +
-           ", \"allgather_s_1024\": " + num(f.ag_1024) + "}";
+           ", \"allgather_s_1024\": " + num(f.ag_1024) + ", \"server_cpu_us_per_op_64\": " + num(f.server_us_64) + "}";
 }
 
 }  // namespace
@@ -212,14 +258,18 @@ int main() {
         return 1;
     }
     auto guard = asio::make_work_guard(server_ctx);
+    std::atomic<int> server_tid{0};
     std::thread server_thread([&] {
         pthread_setname_np(pthread_self(), "store_server");  // to tell the threads apart in perf
+        server_tid = static_cast<int>(::gettid());
         server_ctx.run();
     });
+    while (server_tid == 0) std::this_thread::yield();
     const auto port = (*server)->port();
     Figures ours113, ours;
-    if (selected("TP_STORE_BENCH_ONLY", "ours113")) ours113 = measure({port, TcpStoreDialect::torch113, false, "t113"});
-    if (selected("TP_STORE_BENCH_ONLY", "ours")) ours = measure({port, TcpStoreDialect::torch2, true, "t2"});
+    if (selected("TP_STORE_BENCH_ONLY", "ours113"))
+        ours113 = measure({port, TcpStoreDialect::torch113, false, "t113", 0, server_tid});
+    if (selected("TP_STORE_BENCH_ONLY", "ours")) ours = measure({port, TcpStoreDialect::torch2, true, "t2", 0, server_tid});
     (*server)->stop();
     guard.reset();
     server_thread.join();
@@ -228,16 +278,19 @@ int main() {
     const char* script =
         "exec /usr/bin/python3 -c \"import sys, datetime, torch.distributed as d; "
         "s = d.TCPStore('127.0.0.1', 0, None, True, datetime.timedelta(seconds=600), wait_for_workers=False); "
-        "print('PORT', s.port, flush=True); s.wait(['bench_done'], datetime.timedelta(seconds=600))\" 2>/dev/null";
+        "import os; print('PORT', s.port, os.getpid(), flush=True); s.wait(['bench_done'], datetime.timedelta(seconds=600))\" 2>/dev/null";
     if (selected("TP_STORE_BENCH_ONLY", "torch") &&
         std::system("/usr/bin/python3 -c \"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)\" 2>/dev/null") == 0) {
         if (FILE* py = ::popen(script, "r")) {
             char line[128] = {0};
             std::uint16_t tport = 0;
-            if (std::fgets(line, sizeof line, py) && std::string(line).rfind("PORT ", 0) == 0)
-                tport = static_cast<std::uint16_t>(std::atoi(line + 5));
+            int tpid = 0;
+            if (std::fgets(line, sizeof line, py) && std::string(line).rfind("PORT ", 0) == 0) {
+                unsigned p = 0;
+                if (std::sscanf(line + 5, "%u %d", &p, &tpid) >= 1) tport = static_cast<std::uint16_t>(p);
+            }
             if (tport) {
-                theirs = measure({tport, TcpStoreDialect::torch113, false, "torch"});
+                theirs = measure({tport, TcpStoreDialect::torch113, false, "torch", tpid, 0});
                 TcpStoreOptions o;
                 o.port = tport;
                 o.dialect = TcpStoreDialect::torch113;
@@ -255,9 +308,11 @@ int main() {
         out += ", \"torch\": " + json(*theirs);
         if (theirs->ops_64 > 0)
             out += ", \"ratio_ops_per_s_64_same_dialect\": " + num(ours113.ops_64 / theirs->ops_64);
+        if (ours113.server_us_64 && theirs->server_us_64 && *ours113.server_us_64 > 0)
+            out += ", \"ratio_server_cpu_per_op_64_torch_over_ours\": " + num(*theirs->server_us_64 / *ours113.server_us_64);
     }
     out += ", \"note\": \"ours_torch113 and torch use the same client load (torch113 dialect, set+multi_get all-gather); "
-           "ops count each set and each get\"}";
+           "ops count each set and each get; server_cpu_us_per_op_64 is the serving process's CPU time (schedstat) per operation\"}";
     std::printf("%s\n", out.c_str());
     return 0;
 }
