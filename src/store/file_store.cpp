@@ -35,8 +35,14 @@ namespace tensorplay {
 // that died mid-write (flock is released when a process dies): readers stop before it, and the next
 // writer (exclusive, so nobody else is writing) truncates the file back to the last good record
 // before appending. Records are written with one pwrite per operation, so a batch (multi_set) is
-// either visible whole or cut off whole. Deletes are records too; the log is never compacted
-// (TODO(soon): compaction with a generation number, for long-lived stores).
+// either visible whole or cut off whole. Deletes are records too.
+//
+// Compaction: the writer holding the exclusive flock, once the log is long enough and mostly dead
+// records, writes the live keys to "<path>.compact.<pid>" and renames it over the path. Its own
+// records are in the new file, and nobody else wrote meanwhile (they were locked out). flock
+// belongs to the inode, so after taking the lock every process checks that its descriptor is still
+// the file at the path; if not it drops the lock, reopens and replays the new file from the start.
+// A crash before the rename leaves the old log intact (and a stray temporary file).
 // flock locks belong to the open file description: a forked child would share its parent's, so the
 // file is reopened when the process id changes. Threads of one process serialise on a mutex.
 
@@ -104,6 +110,9 @@ struct FileStore::State {
     pid_t pid = 0;
     std::uint64_t offset = 0;  // end of the last good record read
     std::unordered_map<std::string, Bytes> data;
+    dev_t dev = 0;  // the inode `fd` is open on
+    ino_t ino = 0;
+    std::uint64_t compact_at = 0;  // log length at which compaction is next considered
 
     ~State() {
         if (fd >= 0) ::close(fd);
@@ -118,7 +127,73 @@ struct FileStore::State {
         pid = ::getpid();
         offset = 0;
         data.clear();
+        struct stat st {};
+        if (::fstat(fd, &st) == 0) {
+            dev = st.st_dev;
+            ino = st.st_ino;
+        }
         return ok();
+    }
+
+    // Under mu: true when the path now names another file than `fd` (compacted by someone).
+    bool replaced() const {
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) return false;  // removed: keep using what we have
+        return st.st_dev != dev || st.st_ino != ino;
+    }
+
+    static std::uint64_t record_size(const std::string& key, const Bytes& value) {
+        return kRecordHead + key.size() + value.size() + kRecordTail;
+    }
+
+    // Under mu and the exclusive flock, with `data` replayed up to the end of the file: rewrites
+    // the log with only the live keys when it is long enough and at least half dead.
+    void maybe_compact() {
+        const std::uint64_t min = options.compact_min_bytes;
+        if (min == 0 || offset < std::max(min, compact_at)) return;
+        std::uint64_t live = kHeaderSize;
+        for (const auto& [k, v] : data) live += record_size(k, v);
+        if (offset < 2 * live) {
+            compact_at = 2 * live;
+            return;
+        }
+        Bytes out(kHeaderMagic, kHeaderMagic + 8);
+        put_le(out, 1, 4);
+        put_le(out, 0, 4);
+        out.reserve(live);
+        for (const auto& [k, v] : data) encode_record(out, kOpSet, k, v);
+        const std::string tmp = path + ".compact." + std::to_string(::getpid());
+        struct stat st {};
+        const mode_t mode = ::fstat(fd, &st) == 0 ? (st.st_mode & 0777) : 0644;
+        int t = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+        if (t < 0) {
+            log(LogLevel::warn, "store", os_error("FileStore: cannot compact, cannot create", tmp).message());
+            compact_at = 2 * offset;  // try again much later
+            return;
+        }
+        std::size_t done = 0;
+        bool good = true;
+        while (done < out.size()) {
+            auto n = ::pwrite(t, out.data() + done, out.size() - done, off_t(done));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                good = false;
+                break;
+            }
+            done += std::size_t(n);
+        }
+        good = good && ::fsync(t) == 0;
+        ::close(t);
+        if (!good || ::rename(tmp.c_str(), path.c_str()) != 0) {
+            log(LogLevel::warn, "store", os_error("FileStore: cannot compact into", tmp).message());
+            ::unlink(tmp.c_str());
+            compact_at = 2 * offset;
+            return;
+        }
+        log(LogLevel::debug, "store", "FileStore " + path + ": compacted " + std::to_string(offset) + " bytes to " +
+                                          std::to_string(out.size()));
+        compact_at = std::max<std::uint64_t>(min, 2 * out.size());
+        // Our descriptor is now the old file: the next operation notices and replays the new one.
     }
 
     // Under mu and a flock: checks the header; with `exclusive`, writes it when the file is new or
@@ -228,6 +303,12 @@ auto locked(std::shared_ptr<State> s, bool exclusive, Duration limit, F fn)
             std::lock_guard guard(s->mu);
             if (auto o = s->ensure_open(); !o) co_return fail(o.error());
             if (::flock(s->fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) {
+                if (s->replaced()) {  // compacted by a writer since we opened it: start over on the new file
+                    ::flock(s->fd, LOCK_UN);
+                    ::close(s->fd);
+                    s->fd = -1;
+                    continue;
+                }
                 struct Unlock {
                     int fd;
                     ~Unlock() { ::flock(fd, LOCK_UN); }
@@ -257,6 +338,7 @@ Task<Result<T>> write_op(std::shared_ptr<State> s, Duration limit, F build) {
         if (auto w = st.append_records(size, records); !w) return fail(w.error());
         // Replay what we wrote, so that our copy and offset follow the file exactly.
         if (auto again = st.refresh(true); !again) return fail(again.error());
+        st.maybe_compact();
         return r;
     });
 }

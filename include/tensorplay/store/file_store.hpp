@@ -14,11 +14,18 @@ struct FileStoreOptions {
     Duration poll_min = std::chrono::milliseconds(1);                ///< first poll interval of a wait
     Duration poll_max = std::chrono::milliseconds(50);               ///< the interval doubles up to this
     std::size_t max_value_size = std::size_t(1) << 30;               ///< longest value written or read
+    /// The log is compacted (rewritten with only the live keys, then renamed over the file) once it
+    /// is at least this long and at least twice the size of its live records; 0 never compacts.
+    std::size_t compact_min_bytes = std::size_t(1) << 20;
 };
 
 /// A Store in a file: an append-only log of checksummed records that every process replays.
 /// Safe against concurrent writers (flock) and against a writer that dies mid-record (a torn
-/// tail is ignored by readers and cut off by the next writer). Waiting polls the file with a
+/// tail is ignored by readers and cut off by the next writer). The log is compacted now and then
+/// by the writer holding the lock (see FileStoreOptions::compact_min_bytes): it writes a new file
+/// beside it and renames it over the path; every process notices the replaced file on its next
+/// operation and replays the new one. The directory must let the store create that file (if it
+/// cannot, the log just keeps growing). Waiting polls the file with a
 /// doubling, bounded interval on a timer, so no thread is blocked. Thread-safe; waits support
 /// Asio per-operation cancellation (Errc::cancelled). The file is never deleted by the store.
 /// Opening after fork() is not needed: a child process reopens the file on first use.
