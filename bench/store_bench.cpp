@@ -34,6 +34,7 @@ struct Figures {
     double ops_1 = 0, ops_64 = 0;
     std::optional<double> ag_64, ag_256, ag_1024;
     std::optional<double> server_us_64;  // server CPU time per operation at 64 clients
+    std::optional<double> client_us_64;  // the clients' CPU time per operation (same code for every server)
 };
 
 // CPU time (s) used so far by every thread of process `pid` (0: this process) whose id is in `tids`
@@ -72,6 +73,7 @@ double server_cpu(const Load& l) {
 struct Rate {
     double ops_per_s = 0;
     double server_us_per_op = 0;
+    double client_us_per_op = 0;
 };
 
 Task<Result<std::vector<std::shared_ptr<TcpStore>>>> connect_all(Load load, int n) {
@@ -146,6 +148,8 @@ Task<Result<Rate>> ops_per_s(Load load, int clients) {
     auto cs = co_await connect_all(load, clients);
     if (!cs) co_return fail(cs.error());
     const double cpu0 = server_cpu(load);
+    const std::vector<int> me{static_cast<int>(::gettid())};  // the clients' thread
+    const double client0 = cpu_seconds(0, me);
     const auto start = Clock::now();
     const auto until = start + 1s;
     auto counts = co_await run_all<std::int64_t>(clients, [&](int i) {
@@ -154,12 +158,14 @@ Task<Result<Rate>> ops_per_s(Load load, int clients) {
     if (!counts) co_return fail(counts.error());
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     const double cpu = server_cpu(load) - cpu0;
+    const double client_cpu = cpu_seconds(0, me) - client0;
     std::int64_t total = 0;
     for (auto c : *counts) total += c;
     for (auto& c : *cs) c->close();
     Rate rate;
     rate.ops_per_s = static_cast<double>(total) / secs;
     rate.server_us_per_op = total > 0 ? cpu * 1e6 / static_cast<double>(total) : 0;
+    rate.client_us_per_op = total > 0 ? client_cpu * 1e6 / static_cast<double>(total) : 0;
     co_return rate;
 }
 
@@ -213,6 +219,7 @@ Figures measure(Load load) {
         if (auto r = run_blocking(ops_per_s(load, 64))) {
             f.ops_64 = r->ops_per_s;
             f.server_us_64 = r->server_us_per_op;
+            f.client_us_64 = r->client_us_per_op;
         }
     }
     if (selected("TP_STORE_BENCH_PHASES", "ag64")) f.ag_64 = run_blocking(allgather_s(load, 64));
@@ -239,7 +246,8 @@ std::string num(std::optional<double> v) {
 std::string json(const Figures& f) {
     return "{\"ops_per_s_1\": " + num(f.ops_1) + ", \"ops_per_s_64\": " + num(f.ops_64) +
            ", \"allgather_s_64\": " + num(f.ag_64) + ", \"allgather_s_256\": " + num(f.ag_256) +
-           ", \"allgather_s_1024\": " + num(f.ag_1024) + ", \"server_cpu_us_per_op_64\": " + num(f.server_us_64) + "}";
+           ", \"allgather_s_1024\": " + num(f.ag_1024) + ", \"server_cpu_us_per_op_64\": " + num(f.server_us_64) +
+           ", \"client_cpu_us_per_op_64\": " + num(f.client_us_64) + "}";
 }
 
 }  // namespace
