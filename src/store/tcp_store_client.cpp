@@ -123,15 +123,24 @@ Task<Result<void>> read_replies(ClientState* s, Lane* lane, PendingOp* op) {
     co_return ok();
 }
 
-// A WAIT passed its deadline (found by the reaper, which has disarmed it).
-Task<void> cancel_wait(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) {
-    if (lane->dead) co_return;
+Task<void> send_cancel_wait(std::shared_ptr<Lane> lane) {
+    static const std::uint8_t cancel = *c10d::encode_type(c10d::Dialect::modern, c10d::Op::cancel_wait);
+    auto [wec, n] = co_await asio::async_write(lane->socket, asio::buffer(&cancel, 1), use_nothrow);
+    (void)wec;  // a failed write shows up as a failed read in the actor
+    (void)n;
+}
+
+// On the strand: the WAIT in flight on `lane` passed its deadline (found by the reaper). The lane's
+// state changes here, synchronously, so that the actor's reading of the WAIT's reply (which may
+// already be on its way) knows whether a WAIT_CANCELED byte follows.
+void expire_wait(const std::shared_ptr<ClientState>& s, const std::shared_ptr<Lane>& lane) {
+    lane->wait_armed = false;
+    if (lane->dead) return;
     if (s->dialect == c10d::Dialect::modern) {
         lane->cancel_sent = true;
-        static const std::uint8_t cancel = *c10d::encode_type(c10d::Dialect::modern, c10d::Op::cancel_wait);
-        auto [wec, n] = co_await asio::async_write(lane->socket, asio::buffer(&cancel, 1), use_nothrow);
-        (void)wec;  // a failed write shows up as a failed read in the actor
-        (void)n;
+        asio::co_spawn(s->strand, send_cancel_wait(lane), [](std::exception_ptr e) {
+            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait cancel").to_string());
+        });
     } else {
         lane->dropped = true;
         std::error_code ignored;
@@ -309,10 +318,7 @@ Task<void> reap(std::shared_ptr<ClientState> s) {
         for (auto& lane : lanes) {
             if (!lane->wait_armed) continue;
             if (lane->wait_deadline <= now) {
-                lane->wait_armed = false;
-                asio::co_spawn(s->strand, cancel_wait(s, lane), [](std::exception_ptr e) {
-                    if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait watchdog").to_string());
-                });
+                expire_wait(s, lane);
             } else {
                 next = std::min(next, lane->wait_deadline);
             }
