@@ -143,16 +143,14 @@ Task<Result<void>> await_event(std::shared_ptr<EventState> state) {
     if (!state || state->ready()) co_return ok();
     // The completion may come from any thread; it is posted to the awaiting coroutine's executor,
     // which is kept busy (outstanding work) until then so that its run() does not return early.
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(
-        [state](auto handler) {
-            auto ex = asio::prefer(asio::get_associated_executor(handler),
-                                   asio::execution::outstanding_work.tracked);
-            auto shared = std::make_shared<decltype(handler)>(std::move(handler));
-            state->on_ready([shared, ex]() mutable {
-                asio::post(ex, [shared]() mutable { std::move(*shared)(); });
-            });
-        },
-        asio::use_awaitable);
+    // The initiation is a named local: as a temporary inside the co_await expression, GCC 12
+    // destroyed it (and its copy of `state`) twice.
+    auto initiation = [state](auto handler) {
+        auto ex = asio::prefer(asio::get_associated_executor(handler), asio::execution::outstanding_work.tracked);
+        auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+        state->on_ready([shared, ex]() mutable { asio::post(ex, [shared]() mutable { std::move(*shared)(); }); });
+    };
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(initiation, asio::use_awaitable);
     co_return ok();
 }
 
@@ -163,7 +161,11 @@ bool Event::ready() const noexcept { return !state_ || state_->ready(); }
 Task<Result<void>> DeviceBackend::synchronize(Stream stream) {
     auto event = record_event(stream);
     if (!event) co_return fail(std::move(event).error());
-    co_return co_await wait(std::move(*event));
+    // The call's by-value argument must not live in the co_await full-expression: GCC 12 destroys
+    // such temporaries twice (ASan: heap-use-after-free of the event's state).
+    auto waiting = wait(std::move(*event));
+    auto r = co_await std::move(waiting);
+    co_return r;
 }
 
 namespace {
