@@ -3,11 +3,7 @@
 
 #include "device/backend_impl.hpp"
 
-#if __has_include(<tensorplay/config.hpp>)
 #include <tensorplay/config.hpp>
-#else
-#include <config.hpp>  // the build tree has it at its root
-#endif
 
 #include <asio/async_result.hpp>
 #include <asio/associated_executor.hpp>

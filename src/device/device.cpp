@@ -1,11 +1,7 @@
 // Device: printing, parsing of user input ("cpu", "cuda", "cuda:N", N) and the CUDA device count.
 #include <tensorplay/device/device.hpp>
 
-#if __has_include(<tensorplay/config.hpp>)
 #include <tensorplay/config.hpp>
-#else
-#include <config.hpp>  // in the build tree meson writes it at the build root
-#endif
 
 #if TP_HAS_CUDA
 #include <cuda_runtime_api.h>
