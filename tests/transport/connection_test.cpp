@@ -133,6 +133,42 @@ TEST_CASE("frames queued together are gathered into one write and read back with
     });
 }
 
+TEST_CASE("a flushed frame is written by send itself, and a partly written one is finished in order", "[transport]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await test::make_pair();
+        // A lone small frame with flush: on the wire when send returns, no writer turn needed.
+        auto writes = p.client->stats().writes;
+        REQUIRE(p.client->send(request(1, "now", bytes("flushed")), true));
+        CHECK(p.client->stats().writes == writes + 1);
+        CHECK(p.client->stats().frames_sent == 1);
+        auto f = co_await p.server->receive();
+        REQUIRE(f);
+        CHECK(f->payload == bytes("flushed"));
+
+        // 32 MiB cannot go out in one non-blocking sendmsg: the writer takes the rest, and frames
+        // sent after it (flushed or not) follow it on the wire, byte for byte.
+        Tensor big = iota_tensor(std::size_t(32) << 20, 11);
+        std::vector<Tensor> ts;
+        ts.push_back(big);
+        REQUIRE(p.client->send(request(2, "big", bytes("b"), std::move(ts)), true));
+        REQUIRE(p.client->send(request(3, "after", bytes("x")), true));
+        REQUIRE(p.client->send(request(4, "queued", bytes("y"))));
+        REQUIRE(p.client->send(request(5, "last", bytes("z")), true));
+        auto g = co_await p.server->receive();
+        REQUIRE(g);
+        CHECK(g->id == 2);
+        REQUIRE(g->tensors.size() == 1);
+        CHECK(std::equal(big.bytes().begin(), big.bytes().end(), g->tensors[0].bytes().begin()));
+        for (std::uint64_t id : {3, 4, 5}) {
+            auto h = co_await p.server->receive();
+            REQUIRE(h);
+            CHECK(h->id == id);
+        }
+        CHECK(p.client->stats().frames_sent == 5);
+        CHECK_FALSE(p.server->input_pending());
+    });
+}
+
 TEST_CASE("a tensor lands on the device the allocator chooses", "[transport]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = co_await test::make_pair();
