@@ -53,7 +53,9 @@ struct PendingGuard {
     PendingCall* pc;
     std::uint64_t id;
     ~PendingGuard() {
-        if (auto it = peer->pending.find(id); it != peer->pending.end() && it->second == pc) peer->pending.erase(it);
+        // A reply or a lost connection already unlinked it (and set the result); only a timeout,
+        // a cancellation or the frame's destruction leaves it in the map.
+        if (!pc->result) peer->pending.erase(id);
         core->remove_deadline(*pc);
     }
 };

@@ -429,7 +429,8 @@ Result<void> Connection::send(Frame frame, bool flush) {
     detail::OutFrame out{std::move(*head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
     bool was_empty = s.queue.empty();
     s.queue.push_back(std::move(out));
-    if (flush && !s.writing) {
+    // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
+    if (flush && !s.writing && s.queue_written == 0) {
         s.flush_now();
         if (!s.open) return fail(s.closed_error());
     } else if (was_empty) {

@@ -94,10 +94,12 @@ TEST_CASE("when a peer goes away its pending calls fail with connection_lost at 
         auto g = co_await test::make_group(3);
         test::register_echo(g);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 5), finished(ex, 5);
-        REQUIRE(g[1]->register_handler("never", [&entered](WorkerInfo, Message m) -> Task<Result<Message>> {
+        detail::Channel<void(std::error_code, int)> entered(ex, 5), finished(ex, 5), release(ex, 5);
+        REQUIRE(g[1]->register_handler("never", [&entered, &release](WorkerInfo, Message m) -> Task<Result<Message>> {
             entered.try_send(std::error_code{}, 0);
-            co_await test::sleep_for(1s);  // (the test's io_context runs until this ends)
+            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);  // held until the test ends
+            (void)ec;
+            (void)unused;
             co_return m;
         }));
         std::vector<std::optional<Result<Message>>> pending(5);
@@ -127,6 +129,7 @@ TEST_CASE("when a peer goes away its pending calls fail with connection_lost at 
         auto dead = co_await g[0]->rpc_async("worker1", "echo", {}, 2);
         REQUIRE_FALSE(dead);
         CHECK(dead.error().code() == Errc::connection_lost);
+        for (int i = 0; i < 5; ++i) release.try_send(std::error_code{}, 0);  // the handlers end now
         {
             auto awaited = co_await g[0]->shutdown(false);
             REQUIRE(awaited);

@@ -18,6 +18,9 @@ namespace {
 
 enum class Scenario { echo, killed_peer };
 
+/// killed_peer: calls rank 0 has pending on rank 1 when rank 1 is killed.
+constexpr int kPendingCalls = 5;
+
 struct Fds {
     std::vector<std::array<int, 2>> port_pipes;  // rank 0 tells rank r the store's port
     std::array<int, 2> notify{-1, -1};           // rank 0 tells the parent "calls are pending"
@@ -63,8 +66,17 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
     }
     auto& a = *agent;
     if (!a->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; })) co_return 15;
-    if (!a->register_handler("never", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-            co_await test::sleep_for(20s);
+    // "never" answers only once the test is over: it counts itself in, then holds the call until
+    // rank 0 sets test/done (in killed_peer its worker is SIGKILLed long before).
+    std::shared_ptr<Store> st = *store;
+    if (!a->register_handler("never", [st](WorkerInfo, Message m) -> Task<Result<Message>> {
+            auto entered = co_await st->add("test/entered", 1);
+            if (entered && *entered == kPendingCalls) {
+                Bytes one = bytes("1");
+                (void)co_await st->set("test/all_entered", std::move(one));
+            }
+            std::vector<std::string> done(1, "test/done");
+            (void)co_await st->wait(std::move(done), 20s);
             co_return m;
         }))
         co_return 15;
@@ -92,9 +104,11 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
         co_return 0;
     }
 
-    // killed_peer: rank 1 just waits to be killed; rank 0 has calls pending on it when that happens.
+    // killed_peer: rank 1 is killed while rank 0 has calls pending on it; if it is not, it sees
+    // test/done (rank 0 finished without it dying) and fails.
     if (rank == 1) {
-        co_await test::sleep_for(20s);
+        std::vector<std::string> done_key(1, "test/done");
+        (void)co_await (*store)->wait(std::move(done_key), 20s);
         co_return 30;
     }
     if (rank != 0) {  // bystanders wait until rank 0 is done with them
@@ -104,23 +118,25 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
         (void)co_await a->shutdown(false);
         co_return 0;
     }
-    constexpr int n = 5;
+    constexpr int n = kPendingCalls;
     std::vector<std::optional<Result<Message>>> pending(n);
+    detail::Channel<void(std::error_code, int)> finished(ex, n);
     for (int i = 0; i < n; ++i)
         asio::co_spawn(ex, a->rpc_async("worker1", "never", {}, 30),
-                       [&pending, i](std::exception_ptr, Result<Message> r) { pending[i] = std::move(r); });
-    co_await test::sleep_for(50ms);
+                       [&pending, &finished, i](std::exception_ptr, Result<Message> r) {
+                           pending[i] = std::move(r);
+                           finished.try_send(std::error_code{}, i);
+                       });
+    {
+        std::vector<std::string> entered_key(1, "test/all_entered");  // every call is in worker1's handler
+        if (!co_await (*store)->wait(std::move(entered_key), 10s)) co_return 31;
+    }
     char k = 'k';
     if (::write(fds.notify[1], &k, 1) != 1) co_return 31;
     auto t0 = Clock::now();
-    auto all_done = [&] {
-        for (auto& p : pending)
-            if (!p) return false;
-        return true;
-    };
-    while (!all_done() && Clock::now() - t0 < 3s) co_await test::sleep_for(1ms);
+    // (a call that never ends leaves this child to its io_context's 25 s limit: exit 99, a failure)
+    for (int i = 0; i < n; ++i) co_await finished.async_receive(asio::use_awaitable);
     auto took = Clock::now() - t0;
-    if (!all_done()) co_return 32;
     for (auto& p : pending)
         if (*p || p->error().code() != Errc::connection_lost) co_return 33;
     if (took > 1s) co_return 34;

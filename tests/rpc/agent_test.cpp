@@ -244,30 +244,36 @@ TEST_CASE("startup handlers are installed in every new agent before it reports r
     });
 }
 
+namespace {
+/// Starts a one-worker group whose options carry these transport and channel choices.
+/// (References, not values: the caller's locals outlive the awaited call.)
+Task<Result<test::AgentPtr>> start_alone(const std::optional<std::vector<std::string>>& transports,
+                                         const std::optional<std::vector<std::string>>& channels) {
+    auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
+    auto args = test::init_args(store, 0, 1, [&](int, TensorPipeRpcBackendOptions& o) {
+        o.transports = transports;
+        o.channels = channels;
+    });
+    co_return co_await detail::NativeAgent::create(std::move(args));
+}
+}  // namespace
+
 TEST_CASE("_transports and _channels must name one that the agent has", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
-        auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
-        auto args = test::init_args(store, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
-            o.transports = std::vector<std::string>{"shm", "ibv"};
-        });
-        auto a = co_await detail::NativeAgent::create(std::move(args));
+        // (arguments built first: GCC 12 destroys temporaries of a co_await expression twice)
+        using Names = std::optional<std::vector<std::string>>;
+        Names shm_ibv = std::vector<std::string>{"shm", "ibv"}, cuda_ipc = std::vector<std::string>{"cuda_ipc"};
+        Names shm_uv = std::vector<std::string>{"shm", "uv"}, cma_basic = std::vector<std::string>{"cma", "basic"}, none;
+        auto a = co_await start_alone(shm_ibv, none);
         REQUIRE_FALSE(a);
         CHECK(a.error().code() == Errc::not_supported);
         CHECK(a.error().message().find("shm, ibv") != std::string::npos);
         CHECK(a.error().message().find("available: tcp, uv") != std::string::npos);
-        auto args2 = test::init_args(store, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
-            o.channels = std::vector<std::string>{"cuda_ipc"};
-        });
-        auto b = co_await detail::NativeAgent::create(std::move(args2));
+        auto b = co_await start_alone(none, cuda_ipc);
         REQUIRE_FALSE(b);
         CHECK(b.error().message().find("_channels") != std::string::npos);
         // TensorPipe's names for what the agent has are accepted.
-        auto store3 = std::make_shared<HashStore>(std::chrono::seconds(5));
-        auto args3 = test::init_args(store3, 0, 1, [](int, TensorPipeRpcBackendOptions& o) {
-            o.transports = std::vector<std::string>{"shm", "uv"};
-            o.channels = std::vector<std::string>{"cma", "basic"};
-        });
-        auto c = co_await detail::NativeAgent::create(std::move(args3));
+        auto c = co_await start_alone(shm_uv, cma_basic);
         REQUIRE(c);
         auto down = co_await (*c)->shutdown(true, 5);
         CHECK(down);
@@ -299,31 +305,29 @@ TEST_CASE("a call that times out returns timeout, and its late reply is dropped"
     });
 }
 
-namespace {
-Task<void> call_and_flag(test::AgentPtr agent, bool& done, bool& ok) {
-    auto r = co_await agent->rpc_async("worker1", "slow", test::text_message("long"), 5);
-    ok = r.has_value();
-    done = true;
-}
-}  // namespace
-
 TEST_CASE("a short timeout fires on time while a call with a longer one is pending", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        REQUIRE(g[1]->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-            co_await test::sleep_for(300ms);
+        auto ex = co_await asio::this_coro::executor;
+        detail::Channel<void(std::error_code, int)> entered(ex, 2), release(ex, 2), long_done(ex, 1);
+        REQUIRE(g[1]->register_handler("held", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
+            entered.try_send(std::error_code{}, 0);
+            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
+            (void)ec;
+            (void)unused;
             co_return m;
         }));
-        auto ex = co_await asio::this_coro::executor;
-        bool long_done = false, long_ok = false;
-        asio::co_spawn(ex, call_and_flag(g[0], long_done, long_ok), asio::detached);
-        co_await test::sleep_for(10ms);  // the 5 s deadline is registered first
-        auto r = co_await g[0]->rpc_async("worker1", "slow", test::text_message("short"), 0.05);
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("long"), 5),
+                       [&](std::exception_ptr, Result<Message> r) { long_done.try_send(std::error_code{}, r ? 1 : 0); });
+        co_await entered.async_receive(asio::use_awaitable);  // the 5 s deadline is registered
+        const auto t0 = Clock::now();
+        auto r = co_await g[0]->rpc_async("worker1", "held", test::text_message("short"), 0.05);
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::timeout);
-        CHECK_FALSE(long_done);  // the short deadline did not wait for the long one
-        while (!long_done) co_await test::sleep_for(10ms);
-        CHECK(long_ok);
+        CHECK(Clock::now() - t0 < 4s);  // its own deadline, not the earlier-registered 5 s one
+        for (int i = 0; i < 2; ++i) release.try_send(std::error_code{}, 0);
+        const int long_ok = co_await long_done.async_receive(asio::use_awaitable);
+        CHECK(long_ok == 1);  // the long call still succeeds
         co_await test::shutdown_all(g);
     });
 }
@@ -331,15 +335,17 @@ TEST_CASE("a short timeout fires on time while a call with a longer one is pendi
 TEST_CASE("graceful shutdown lets calls in flight finish", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        REQUIRE(g[1]->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-            co_await test::sleep_for(200ms);
+        auto ex = co_await asio::this_coro::executor;
+        detail::Channel<void(std::error_code, int)> entered(ex, 1);
+        REQUIRE(g[1]->register_handler("slow", [&entered](WorkerInfo, Message m) -> Task<Result<Message>> {
+            entered.try_send(std::error_code{}, 0);
+            co_await test::sleep_for(200ms);  // still running when both shutdowns begin
             co_return m;
         }));
-        auto ex = co_await asio::this_coro::executor;
         std::optional<Result<Message>> in_flight;
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "slow", test::text_message("finish me")),
                        [&](std::exception_ptr, Result<Message> r) { in_flight = std::move(r); });
-        co_await test::sleep_for(20ms);  // let the request leave
+        co_await entered.async_receive(asio::use_awaitable);  // the call is in the handler
         auto results = co_await test::shutdown_all(g);
         for (auto& s : results) CHECK(s);
         REQUIRE(in_flight);
@@ -353,20 +359,27 @@ TEST_CASE("graceful shutdown lets calls in flight finish", "[rpc][agent]") {
 TEST_CASE("a local shutdown ends pending calls with shutdown", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        REQUIRE(g[1]->register_handler("never", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-            co_await test::sleep_for(1s);
+        auto ex = co_await asio::this_coro::executor;
+        detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1), finished(ex, 1);
+        REQUIRE(g[1]->register_handler("never", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
+            entered.try_send(std::error_code{}, 0);
+            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
+            (void)ec;
+            (void)unused;
             co_return m;
         }));
-        auto ex = co_await asio::this_coro::executor;
         std::optional<Result<Message>> pending;
-        asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0),
-                       [&](std::exception_ptr, Result<Message> r) { pending = std::move(r); });
-        co_await test::sleep_for(20ms);
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0), [&](std::exception_ptr, Result<Message> r) {
+            pending = std::move(r);
+            finished.try_send(std::error_code{}, 0);
+        });
+        co_await entered.async_receive(asio::use_awaitable);  // the call is pending on worker1
         {
             auto awaited = co_await g[0]->shutdown(false);
             REQUIRE(awaited);
         }
-        co_await test::sleep_for(1ms);
+        co_await finished.async_receive(asio::use_awaitable);
+        release.try_send(std::error_code{}, 0);
         REQUIRE(pending);
         REQUIRE_FALSE(*pending);
         CHECK(pending->error().code() == Errc::shutdown);
@@ -406,8 +419,7 @@ TEST_CASE("destroying agents that were not shut down neither crashes nor hangs",
             auto awaited = co_await g[0]->rpc_async("worker1", "echo", {});
             REQUIRE(awaited);
         }
-        g.agents.clear();
-        co_await test::sleep_for(10ms);
+        g.agents.clear();  // the deadline fails the test if anything they left behind never ends
     });
 }
 

@@ -81,6 +81,27 @@ Task<Result<void>> child_counts(std::string path, int id, int adds, int children
     co_return co_await (*s)->wait(std::move(all));  // everyone sees everyone's key
 }
 
+/// Forks `children` processes that each add to "counter" `adds` times; every one must exit 0.
+void run_counting_children(const std::string& path, int children, int adds, std::size_t compact_min = 1 << 20) {
+    std::vector<pid_t> pids;
+    for (int c = 0; c < children; ++c)
+        pids.push_back(fork_child([path, c, adds, children, compact_min] {
+            return child_counts(path, c, adds, children, compact_min);
+        }));
+    for (auto pid : pids) REQUIRE(wait_child(pid) == 0);
+}
+
+/// A fresh opener of `path` reads `expected` under "counter".
+void expect_counter(const std::string& path, int expected) {
+    run_with_deadline(5s, [path, expected]() -> Task<void> {
+        auto s = FileStore::open(path);
+        REQUIRE(s);
+        auto v = co_await (*s)->get("counter");
+        REQUIRE(v);
+        REQUIRE(to_string(*v) == std::to_string(expected));
+    });
+}
+
 }  // namespace
 
 STORE_CONFORMANCE_TESTS("FileStore", "[store]", make_file_store)
@@ -88,17 +109,8 @@ STORE_CONFORMANCE_TESTS("FileStore", "[store]", make_file_store)
 TEST_CASE("forked processes sharing one FileStore lose no add and see each other's keys", "[store]") {
     auto path = temp_path("forked");
     constexpr int kChildren = 4, kAdds = 50;
-    std::vector<pid_t> pids;
-    for (int c = 0; c < kChildren; ++c)
-        pids.push_back(fork_child([path, c] { return child_counts(path, c, kAdds, kChildren); }));
-    for (auto pid : pids) REQUIRE(wait_child(pid) == 0);
-    run_with_deadline(5s, [path]() -> Task<void> {
-        auto s = FileStore::open(path);
-        REQUIRE(s);
-        auto v = co_await (*s)->get("counter");
-        REQUIRE(v);
-        REQUIRE(to_string(*v) == std::to_string(kChildren * kAdds));
-    });
+    run_counting_children(path, kChildren, kAdds);
+    expect_counter(path, kChildren * kAdds);
 }
 
 TEST_CASE("a wait in one process is woken by a set in another", "[store]") {
@@ -268,19 +280,10 @@ TEST_CASE("forked processes keep every add while the log is compacted under them
     auto path = temp_path("compacting");
     constexpr int kChildren = 4, kAdds = 150;
     constexpr std::size_t kCompactMin = 512;  // a few dozen records: compacts again and again
-    std::vector<pid_t> pids;
-    for (int c = 0; c < kChildren; ++c)
-        pids.push_back(fork_child([path, c] { return child_counts(path, c, kAdds, kChildren, kCompactMin); }));
-    for (auto pid : pids) REQUIRE(wait_child(pid) == 0);
+    run_counting_children(path, kChildren, kAdds, kCompactMin);
     // Each add appended a record; compaction kept the file near the size of its few live keys.
     CHECK(std::filesystem::file_size(path) < 8 * kCompactMin);
-    run_with_deadline(5s, [path]() -> Task<void> {
-        auto s = FileStore::open(path);
-        REQUIRE(s);
-        auto v = co_await (*s)->get("counter");
-        REQUIRE(v);
-        REQUIRE(to_string(*v) == std::to_string(kChildren * kAdds));
-    });
+    expect_counter(path, kChildren * kAdds);
 }
 
 TEST_CASE("compaction keeps the last value of every key and forgets deleted ones, for every opener", "[store]") {
