@@ -9,6 +9,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/resume_slot.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
@@ -32,21 +33,38 @@ struct NativeAgentTuning {
     Duration init_timeout{0};
 };
 
-/// A call waiting for its reply; lives on the caller's coroutine frame. `done` is signalled
-/// once, by the reply, a lost connection or the deadline sweep (no timer per call: arming one
-/// costs a timerfd_settime system call on every call).
+/// A call waiting for its reply; lives on the caller's coroutine frame. Signalled once, by the
+/// reply, a lost connection or the deadline sweep (no timer per call: arming one costs a
+/// timerfd_settime system call on every call). The signal resumes the caller in place: a reply
+/// read by the connection's reader runs the caller's continuation at once, with no trip through
+/// the event loop's queue (each such trip costs an epoll_wait system call).
 struct PendingCall {
-    explicit PendingCall(const Executor& ex) : done(ex, 1) {}
-    Channel<void(std::error_code, int)> done;  ///< (Asio 1.22 cannot instantiate a channel of void(error_code))
+    ResumeSlot done;
+    bool signalled = false;
     std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
     const Connection* conn = nullptr;       ///< the connection the request went out on
     std::multimap<Clock::time_point, PendingCall*>::iterator deadline;
     bool has_deadline = false;
 
+    void signal() {
+        signalled = true;
+        done.complete();
+    }
     void finish(Result<Message> r) {
         result = std::move(r);
-        done.try_send(std::error_code{}, 0);
+        signal();
     }
+};
+
+/// A coroutine that serves requests, parked between them. The reader hands it the next request
+/// and resumes it in place; co_spawn per request would post a completion through the event loop.
+/// A parked worker holds no reference to the agent; whoever wakes it hands it one.
+struct AgentCore;
+struct ServeWorker {
+    ResumeSlot wake;
+    std::shared_ptr<AgentCore> core;
+    std::shared_ptr<Connection> conn;
+    std::optional<Frame> request;  ///< empty when woken to exit
 };
 
 /// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
@@ -100,6 +118,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::mutex pool_mutex;
     std::unique_ptr<asio::thread_pool> pool;
 
+    std::vector<ServeWorker*> idle_workers;  // parked serving coroutines (woken to exit by close_local)
+
     std::uint64_t next_id = 1;
     std::size_t outstanding = 0;                  // calls of this worker awaiting replies
     /// Deadlines of pending calls; one timer fires at the earliest (re-armed only when a new
@@ -127,6 +147,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
+    /// Serves a request on a parked worker (resumed in place) or a new one.
+    void serve_request(std::shared_ptr<Connection> conn, Frame request);
+    /// Wakes every parked worker to exit.
+    void release_workers();
+    /// Parks `w` for the next request unless the agent is closing, enough are parked already, or
+    /// `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
+    [[nodiscard]] bool park(ServeWorker& w);
     void fail_pending(PeerLink& peer, const Connection* conn, const Error& reason);
     [[nodiscard]] Task<Result<void>> unregister(std::string name);
     /// Adds a handler (exactly one of `coro` / `blocking` set). Thread-safe.

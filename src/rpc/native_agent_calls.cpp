@@ -160,7 +160,7 @@ Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection
             co_return;
         }
         if (f->kind == FrameKind::request) {
-            asio::co_spawn(core->ex, serve(core, conn, std::move(*f)), log_task_error);
+            core->serve_request(conn, std::move(*f));
         } else if (rank >= 0) {
             on_reply(core->peers[rank], std::move(*f));
         } else {
@@ -169,7 +169,57 @@ Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection
     }
 }
 
+/// Idle workers kept parked at most; beyond that, a worker that finishes exits.
+constexpr std::size_t kMaxIdleWorkers = 128;
+
+Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame first) {
+    ServeWorker w;
+    w.core = std::move(core);
+    w.conn = std::move(conn);
+    w.request = std::move(first);
+    for (;;) {
+        {
+            // Built before the co_await: GCC 12 mishandles by-value temporaries inside it.
+            auto t = serve(w.core, std::move(w.conn), std::move(*w.request));
+            w.request.reset();
+            co_await std::move(t);
+        }
+        if (!w.core->park(w)) break;
+        auto [ec] = co_await w.wake.async_wait(use_nothrow);
+        if (ec || !w.request) break;  // woken to exit (the agent closed)
+    }
+}
+
 }  // namespace
+
+void AgentCore::serve_request(std::shared_ptr<Connection> conn, Frame request) {
+    if (idle_workers.empty()) {
+        asio::co_spawn(ex, serve_worker(shared_from_this(), std::move(conn), std::move(request)), log_task_error);
+        return;
+    }
+    ServeWorker* w = idle_workers.back();
+    idle_workers.pop_back();
+    w->core = shared_from_this();
+    w->conn = std::move(conn);
+    w->request = std::move(request);
+    w->wake.complete();
+}
+
+bool AgentCore::park(ServeWorker& w) {
+    if (state == State::closed || idle_workers.size() >= kMaxIdleWorkers || w.core.use_count() == 1) return false;
+    idle_workers.push_back(&w);
+    w.core.reset();
+    return true;
+}
+
+void AgentCore::release_workers() {
+    // One at a time: a worker that exits may run code that parks or releases others.
+    while (!idle_workers.empty()) {
+        ServeWorker* w = idle_workers.back();
+        idle_workers.pop_back();
+        w->wake.complete();
+    }
+}
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
@@ -191,13 +241,16 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
 }
 
 void AgentCore::fail_pending(PeerLink& peer, const Connection* conn, const Error& reason) {
-    for (auto it = peer.pending.begin(); it != peer.pending.end();) {
-        if (conn == nullptr || it->second->conn == conn) {
-            it->second->finish(fail(reason));
-            it = peer.pending.erase(it);
-        } else {
-            ++it;
-        }
+    // Ids first: finishing a call resumes its caller in place, which may start other calls.
+    std::vector<std::uint64_t> ids;
+    for (const auto& [id, pc] : peer.pending)
+        if (conn == nullptr || pc->conn == conn) ids.push_back(id);
+    for (auto id : ids) {
+        auto it = peer.pending.find(id);
+        if (it == peer.pending.end()) continue;
+        PendingCall* pc = it->second;
+        peer.pending.erase(it);
+        pc->finish(fail(reason));
     }
 }
 
@@ -243,7 +296,7 @@ void AgentCore::expire_due() {
         PendingCall* pc = deadlines.begin()->second;
         deadlines.erase(deadlines.begin());
         pc->has_deadline = false;
-        pc->done.try_send(std::error_code{}, 0);  // no result: the caller reports the timeout
+        pc->signal();  // no result: the caller reports the timeout (it runs now, in place)
     }
     sweep_at = deadlines.empty() ? Clock::time_point::max() : deadlines.begin()->first;
     sweep_timer.expires_at(sweep_at);
@@ -362,14 +415,17 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
             e = Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to);
         co_return fail(std::move(e));
     }
-    PendingCall pc(ex);
+    PendingCall pc;
     pc.conn = conn.get();
     peer.pending.emplace(id, &pc);
     PendingGuard guard{this, &peer, &pc, id};
     add_deadline(pc, deadline);
     ++outstanding;
-    auto [ec, unused] = co_await pc.done.async_receive(use_nothrow);
-    (void)unused;
+    std::error_code ec;
+    if (!pc.signalled) {
+        auto [wec] = co_await pc.done.async_wait(use_nothrow);
+        ec = wec;
+    }
     call_finished();
     if (pc.result) {
         co_return std::move(*pc.result);

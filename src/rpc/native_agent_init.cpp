@@ -161,6 +161,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
 }
 
 AgentCore::~AgentCore() {
+    // Parked workers wait for a request that can no longer come.
+    for (auto* w : idle_workers) w->wake.abandon();
     std::error_code ec;
     acceptor.close(ec);
 }
@@ -417,6 +419,7 @@ void AgentCore::close_local(const Error& reason) {
     inbound.clear();
     if (idle) idle->cancel();
     sweep_timer.cancel();
+    release_workers();
 }
 
 NativeAgent::~NativeAgent() {

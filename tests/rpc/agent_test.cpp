@@ -332,6 +332,37 @@ TEST_CASE("a short timeout fires on time while a call with a longer one is pendi
     });
 }
 
+TEST_CASE("a caller cancelled while waiting gets cancelled at once; the late reply is dropped", "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto ex = co_await asio::this_coro::executor;
+        detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1);
+        REQUIRE(g[1]->register_handler("held", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
+            entered.try_send(std::error_code{}, 0);
+            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
+            (void)ec;
+            (void)unused;
+            co_return m;
+        }));
+        // No rpc timeout (0): only the caller's own deadline (per-operation cancellation) ends it.
+        const auto t0 = Clock::now();
+        auto call = g[0]->rpc_async("worker1", "held", test::text_message("late"), 0);
+        auto r = co_await with_timeout(std::move(call), 50ms);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK(Clock::now() - t0 < 4s);
+        co_await entered.async_receive(asio::use_awaitable);
+        release.try_send(std::error_code{}, 0);  // its reply now arrives for a call that is gone
+        for (int i = 0; i < 20; ++i) {
+            auto e = co_await g[0]->rpc_async("worker1", "echo", test::text_message("after " + std::to_string(i)), 5);
+            REQUIRE(e);
+            CHECK(e->payload == bytes("after " + std::to_string(i)));
+        }
+        co_await test::shutdown_all(g);
+    });
+}
+
 TEST_CASE("graceful shutdown lets calls in flight finish", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
