@@ -72,6 +72,9 @@ private:
             if (cs.is_connected()) cs.template emplace<Canceller>(owner);
         }
         void resume(std::error_code ec) override {
+            // Our canceller goes first: the slot that holds it may be gone before the waiter runs.
+            auto cs = asio::get_associated_cancellation_slot(handler);
+            if (cs.is_connected()) cs.clear();
             auto ex = asio::get_associated_executor(handler);
             asio::dispatch(ex, [h = std::move(handler), ec]() mutable { std::move(h)(ec); });
         }

@@ -7,6 +7,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "transport/edge_read.hpp"
 #include "transport/frame.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -179,7 +180,10 @@ struct ConnectionState {
         }
         while (rend - rbeg < n) {
             if (!open) co_return fail(closed_error());
-            auto [ec, k] = co_await socket.async_read_some(asio::buffer(rbuf.data() + rend, rbuf.size() - rend), use_nothrow);
+            // (a short read tells the reactor that the socket is drained: no EAGAIN read next time)
+            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend));
+            const std::error_code ec = got.ec;
+            const std::size_t k = got.n;
             ++stats.reads;
             if (ec) {
                 if (!open) co_return fail(closed_error());

@@ -1,0 +1,102 @@
+// edge_read_some on Asio's epoll reactor: a reactor operation of our own whose perform step says
+// "drained" after a short read. Relies on asio::detail (reactor_op, epoll_reactor::start_op, the
+// socket's reactor registration), which Debian's Asio 1.22 provides; other builds fall back.
+#include "transport/edge_read.hpp"
+
+#include "core/asio_compat.hpp"
+#include "core/resume_slot.hpp"
+
+#include <asio/detail/reactor.hpp>
+#include <asio/detail/reactor_op.hpp>
+#include <asio/execution/context.hpp>
+#include <asio/query.hpp>
+#include <asio/version.hpp>
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <memory>
+
+#if defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT) && ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
+#define TP_EDGE_READ 1
+#else
+#define TP_EDGE_READ 0
+#endif
+
+namespace tensorplay::detail {
+
+#if TP_EDGE_READ
+namespace {
+
+/// The socket's reactor registration (basic_socket keeps it protected; a pointer to a member named
+/// through a derived class is the one well-defined way to reach it).
+struct SocketAccess : asio::ip::tcp::socket {
+    static auto& impl(asio::ip::tcp::socket& s) { return (s.*(&SocketAccess::impl_)).get_implementation(); }
+};
+
+/// Owned by the reactor from start_op until its completion (or its destruction when the event loop
+/// is destroyed, which then also destroys the parked reader).
+struct EdgeReadOp final : asio::detail::reactor_op {
+    EdgeReadOp(int fd_, asio::mutable_buffer b, ReadOutcome* out_)
+        : reactor_op(asio::error_code(), &do_perform, &do_complete), fd(fd_), buf(b), out(out_) {}
+
+    static status do_perform(reactor_op* base) {
+        auto* o = static_cast<EdgeReadOp*>(base);
+        for (;;) {
+            const ssize_t n = ::recv(o->fd, o->buf.data(), o->buf.size(), MSG_DONTWAIT);
+            if (n > 0) {
+                o->bytes_transferred_ = static_cast<std::size_t>(n);
+                return o->bytes_transferred_ < o->buf.size() ? done_and_exhausted : done;
+            }
+            if (n == 0) {
+                o->ec_ = asio::error::eof;
+                return done_and_exhausted;
+            }
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return not_done;
+            o->ec_ = std::error_code(errno, asio::error::get_system_category());
+            return done;
+        }
+    }
+
+    static void do_complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
+        std::unique_ptr<EdgeReadOp> o(static_cast<EdgeReadOp*>(base));
+        if (!owner || !o->slot.waiting()) return;  // destroyed with the event loop, or the reader left
+        o->out->ec = o->ec_;
+        o->out->n = o->bytes_transferred_;
+        o->slot.complete(o->ec_);  // resumes the reader here, before `o` goes
+    }
+
+    int fd;
+    asio::mutable_buffer buf;
+    ReadOutcome* out;  // on the reader's frame, valid while it waits in `slot`
+    ResumeSlot slot;
+};
+
+}  // namespace
+
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf) {
+    ReadOutcome out;
+    if (buf.size() == 0) co_return out;
+    auto& impl = SocketAccess::impl(socket);
+    auto& ctx = asio::query(socket.get_executor(), asio::execution::context);
+    auto& reactor = asio::use_service<asio::detail::reactor>(ctx);
+    auto* op = new EdgeReadOp(impl.socket_, buf, &out);
+    ResumeSlot& slot = op->slot;
+    // The reactor completes `op` from the event loop (or posts it), never inside start_op.
+    reactor.start_op(asio::detail::reactor::read_op, impl.socket_, impl.reactor_data_, op, false, true);
+    auto [ec] = co_await slot.async_wait(use_nothrow);
+    if (ec == asio::error::operation_aborted && out.ec != ec) out.ec = ec;  // cancelled while waiting
+    co_return out;
+}
+
+#else
+
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf) {
+    auto [ec, n] = co_await socket.async_read_some(buf, use_nothrow);
+    co_return ReadOutcome{ec, n};
+}
+
+#endif
+
+}  // namespace tensorplay::detail
