@@ -22,6 +22,10 @@
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <unistd.h>
 
@@ -42,25 +46,36 @@ Task<Result<void>> connect_once(asio::ip::tcp::socket* socket, asio::ip::tcp::en
     co_return ok();
 }
 
+// Sends `data`: one non-blocking send first (the usual case: all of it goes at once, with no
+// completion posted through the event loop), the event loop for any rest.
 Task<Result<void>> write_all(Lane* lane, const Bytes* data, std::string where) {
-    auto [ec, n] = co_await asio::async_write(lane->socket, asio::buffer(*data), use_nothrow);
+    std::size_t sent = 0;
+    for (;;) {
+        const ssize_t n = ::send(lane->socket.native_handle(), data->data(), data->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) sent = static_cast<std::size_t>(n);
+        if (n >= 0 || errno != EINTR) break;
+    }
+    if (sent == data->size()) co_return ok();
+    auto [ec, n] = co_await asio::async_write(lane->socket, asio::buffer(data->data() + sent, data->size() - sent), use_nothrow);
     (void)n;
     if (ec) co_return fail(from_error_code(ec, "sending to the store at " + where));
     co_return ok();
 }
 
-// Ensures `n` unread bytes are buffered.
+// Ensures `n` unread bytes are buffered in [in_begin, in_end) (the vector's size is its capacity:
+// growing it zero-fills, so it only grows).
 Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
-    while (lane->in.size() - lane->in_begin < n) {
+    while (lane->in_end - lane->in_begin < n) {
         if (lane->in_begin > 0) {
-            lane->in.erase(lane->in.begin(), lane->in.begin() + static_cast<std::ptrdiff_t>(lane->in_begin));
+            std::memmove(lane->in.data(), lane->in.data() + lane->in_begin, lane->in_end - lane->in_begin);
+            lane->in_end -= lane->in_begin;
             lane->in_begin = 0;
         }
-        const std::size_t old = lane->in.size();
-        lane->in.resize(std::max(n, old + 16384));
-        auto [ec, got] = co_await lane->socket.async_read_some(
-            asio::buffer(lane->in.data() + old, lane->in.size() - old), use_nothrow);
-        lane->in.resize(old + got);
+        if (lane->in.size() < std::max(n, lane->in_end + 4096)) lane->in.resize(std::max(n, lane->in_end + 16384));
+        auto r = co_await edge_read_some(lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end),
+                                      &lane->edge_cache);
+        const std::error_code ec = r.ec;
+        lane->in_end += r.n;
         if (ec) {
             auto e = from_error_code(ec, "reading from the store at " + *where);
             if (e.code() == Errc::cancelled) e = Error(Errc::connection_lost, e.message(), {}, ec);
@@ -116,10 +131,7 @@ Task<Result<void>> read_replies(ClientState* s, Lane* lane, PendingOp* op) {
             }
         }
     }
-    if (lane->in_begin == lane->in.size()) {
-        lane->in.clear();
-        lane->in_begin = 0;
-    }
+    if (lane->in_begin == lane->in_end) lane->in_begin = lane->in_end = 0;
     co_return ok();
 }
 
@@ -207,9 +219,11 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
     std::vector<std::shared_ptr<PendingOp>> batch;
     while (!lane->dead) {
         if (lane->queue.empty()) {
-            lane->kick.expires_at(asio::steady_timer::time_point::max());
             lane->parked = true;
-            co_await lane->kick.async_wait(use_nothrow);
+            lane->parked_work = asio::prefer(s->strand, asio::execution::outstanding_work.tracked);
+            auto [ec] = co_await lane->kick.async_wait(use_nothrow);
+            (void)ec;
+            lane->parked_work = {};
             lane->parked = false;
             continue;
         }
@@ -284,7 +298,7 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 
 }  // namespace
 
-Lane::Lane(ClientState& client) : socket(client.strand), kick(client.strand) {}
+Lane::Lane(ClientState& client) : socket(client.strand) {}
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),
@@ -378,8 +392,7 @@ Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, boo
             candidate.set_option(asio::ip::tcp::no_delay(true), ignored);
             lane.socket.close(ignored);
             lane.socket = std::move(candidate);
-            lane.in.clear();
-            lane.in_begin = 0;
+            lane.in_begin = lane.in_end = 0;
             if (dialect == c10d::Dialect::legacy) co_return ok();
             // torch2: VALIDATE with the magic number, then PING with a nonce the server echoes.
             static std::uint32_t counter = 0;
@@ -441,7 +454,7 @@ void ClientState::submit(const std::shared_ptr<PendingOp>& op) {
     if (!lane) lane = add_lane(std::make_shared<Lane>(*this), false);
     if (!op->wait_request.empty()) ++lane->waits;
     lane->queue.push_back(op);
-    if (lane->parked) lane->kick.cancel();
+    if (lane->parked) lane->kick.complete();  // the actor sends it now, before this returns
 }
 
 void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_ptr<PendingOp>>* inflight) {
@@ -454,15 +467,18 @@ void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_
             }
     if (lane.dead) return;
     lane.dead = true;
+    std::shared_ptr<Lane> keep;  // the parked actor, resumed below, may hold the last other reference
+    for (auto& l : lanes)
+        if (l.get() == &lane) keep = l;
     std::erase_if(lanes, [&](const std::shared_ptr<Lane>& l) { return l.get() == &lane; });
     std::error_code ignored;
     lane.socket.close(ignored);
     lane.wait_armed = false;
-    lane.kick.cancel();
     // Operations never sent can go on another lane (or fail at once if the client is broken).
     auto unsent = std::move(lane.queue);
     lane.queue.clear();
     lane.waits = 0;
+    lane.kick.complete();  // a parked actor sees `dead` and ends
     for (auto& op : unsent)
         if (!op->done) submit(op);
 }

@@ -3,7 +3,9 @@
 
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/resume_slot.hpp"
 #include "store/c10d_protocol.hpp"
+#include "transport/edge_read.hpp"
 
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
@@ -89,16 +91,18 @@ struct Lane {
 
     asio::ip::tcp::socket socket;
     std::deque<std::shared_ptr<PendingOp>> queue;
-    asio::steady_timer kick;
+    ResumeSlot kick;                       ///< the parked actor; submit() resumes it in place
+    asio::any_io_executor parked_work;     ///< while parked: keeps the event loop from running out of work
     bool connected = false;
     bool dead = false;
     std::size_t waits = 0;  // operations with a WAIT queued or in flight here
 
-    Bytes in;
-    std::size_t in_begin = 0;
+    Bytes in;  // unread replies in [in_begin, in_end); the size is the capacity
+    std::size_t in_begin = 0, in_end = 0;
+    EdgeReadCache edge_cache;
     Bytes out;
 
-    bool parked = false;  // the actor waits on `kick`
+    bool parked = false;  // the actor waits in `kick`
 
     // WAIT deadline, checked by the client's reaper: at expiry it sends CANCEL_WAIT (torch2) or
     // closes the socket (torch113).

@@ -114,8 +114,11 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
     while (!c->closed) {
         if (c->in_end - c->in_begin < need || c->in_begin == c->in_end) {
             reserve_input(*c, need);
-            auto [ec, n] = co_await c->socket.async_read_some(
-                asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end), detail::use_nothrow);
+            // (a short read tells the reactor the socket is drained: no EAGAIN read before the next wait)
+            auto got = co_await detail::edge_read_some(c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end),
+                                              &c->edge_cache);
+            const std::error_code ec = got.ec;
+            const std::size_t n = got.n;
             if (ec || c->closed) {
                 if (!c->closed && ec != asio::error::eof && ec != asio::error::operation_aborted)
                     log(LogLevel::debug, "store", "read from " + c->peer + " failed: " + ec.message());

@@ -4,6 +4,7 @@
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "store/c10d_protocol.hpp"
+#include "transport/edge_read.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
@@ -50,6 +51,7 @@ struct StoreConn {
     // Read buffer [begin, end) inside [0, cap); grown only to what a request needs (limits checked first).
     std::unique_ptr<std::uint8_t[]> in;
     std::size_t in_cap = 0, in_begin = 0, in_end = 0;
+    EdgeReadCache edge_cache;
 
     Bytes out;      // replies not yet sent
     Bytes writing;  // the buffer the writer is sending

@@ -97,6 +97,7 @@ struct ConnectionState {
 
     Bytes rbuf;
     std::size_t rbeg = 0, rend = 0;
+    EdgeReadCache edge_cache;
 
     std::vector<OutFrame> queue, batch;
     std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
@@ -181,7 +182,7 @@ struct ConnectionState {
         while (rend - rbeg < n) {
             if (!open) co_return fail(closed_error());
             // (a short read tells the reactor that the socket is drained: no EAGAIN read next time)
-            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend));
+            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), &edge_cache);
             const std::error_code ec = got.ec;
             const std::size_t k = got.n;
             ++stats.reads;
@@ -235,13 +236,18 @@ struct ConnectionState {
         co_return ok();
     }
 
-    Task<Result<Frame>> read_frame() {
+    /// Reads one frame; `keep` holds this state for the read. The buffered cases skip the nested
+    /// coroutines (each co_await of one is a frame allocation and a trip through Asio's pump).
+    Task<Result<Frame>> read_frame(std::shared_ptr<ConnectionState> keep) {
+        (void)keep;
         if (!open) co_return fail(closed_error());
-        if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
+        if (rend - rbeg < kFrameHeaderSize)
+            if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
         auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
         if (!h) co_return fail(broken(std::move(h).error().context("frame from " + who()).on_worker(peer.name)));
         rbeg += kFrameHeaderSize;
-        if (auto r = co_await fill(h->meta_len); !r) co_return fail(r.error());
+        if (rend - rbeg < h->meta_len)
+            if (auto r = co_await fill(h->meta_len); !r) co_return fail(r.error());
         auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits);
         if (!meta) co_return fail(broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name)));
         rbeg += h->meta_len;
@@ -251,7 +257,12 @@ struct ConnectionState {
         f.id = h->id;
         f.name = std::move(meta->name);
         f.payload.resize(h->payload_len);
-        if (auto r = co_await read_into(f.payload.data(), f.payload.size()); !r) co_return fail(r.error());
+        if (f.payload.size() <= rend - rbeg) {
+            if (!f.payload.empty()) std::memcpy(f.payload.data(), rbuf.data() + rbeg, f.payload.size());
+            rbeg += f.payload.size();
+        } else if (auto r = co_await read_into(f.payload.data(), f.payload.size()); !r) {
+            co_return fail(r.error());
+        }
         f.tensors.reserve(meta->tensors.size());
         for (auto& desc : meta->tensors) {
             Result<Tensor> t = fail(Errc::device_error, "no tensor allocator on this connection");
@@ -446,8 +457,7 @@ Result<void> Connection::send(Frame frame, bool flush) {
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 
 Task<Result<Frame>> Connection::receive() {
-    auto s = state_;  // keeps the state alive across the read even if the handle goes away
-    co_return co_await s->read_frame();
+    return state_->read_frame(state_);  // the state stays alive across the read even if this handle goes
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }

@@ -6,10 +6,7 @@
 #include "core/asio_compat.hpp"
 #include "core/resume_slot.hpp"
 
-#include <asio/detail/reactor.hpp>
-#include <asio/detail/reactor_op.hpp>
-#include <asio/execution/context.hpp>
-#include <asio/query.hpp>
+#include <asio/detail/config.hpp>
 #include <asio/version.hpp>
 
 #include <sys/socket.h>
@@ -21,6 +18,14 @@
 #define TP_EDGE_READ 1
 #else
 #define TP_EDGE_READ 0
+#endif
+
+#if TP_EDGE_READ
+#include <asio/detail/reactive_socket_service.hpp>
+#include <asio/detail/reactor.hpp>
+#include <asio/detail/reactor_op.hpp>
+#include <asio/execution/context.hpp>
+#include <asio/query.hpp>
 #endif
 
 namespace tensorplay::detail {
@@ -75,12 +80,16 @@ struct EdgeReadOp final : asio::detail::reactor_op {
 
 }  // namespace
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadCache* cache) {
     ReadOutcome out;
     if (buf.size() == 0) co_return out;
     auto& impl = SocketAccess::impl(socket);
-    auto& ctx = asio::query(socket.get_executor(), asio::execution::context);
-    auto& reactor = asio::use_service<asio::detail::reactor>(ctx);
+    void* known = cache ? cache->reactor : nullptr;
+    if (!known) {  // (use_service takes the registry's mutex: once per socket is enough)
+        known = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
+        if (cache) cache->reactor = known;
+    }
+    auto& reactor = *static_cast<asio::detail::reactor*>(known);
     auto* op = new EdgeReadOp(impl.socket_, buf, &out);
     ResumeSlot& slot = op->slot;
     // The reactor completes `op` from the event loop (or posts it), never inside start_op.
@@ -92,7 +101,7 @@ Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_bu
 
 #else
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadCache*) {
     auto [ec, n] = co_await socket.async_read_some(buf, use_nothrow);
     co_return ReadOutcome{ec, n};
 }

@@ -16,6 +16,11 @@ struct ReadOutcome {
     std::size_t n = 0;
 };
 
+/// Per-socket memo of the socket's reactor (valid while its event loop lives, as the socket).
+struct EdgeReadCache {
+    void* reactor = nullptr;
+};
+
 /// Reads what is there (at least one byte, at most buf.size()), like async_read_some.
 ///
 /// Asio 1.22's epoll reactor registers sockets edge-triggered and tries a read before every wait,
@@ -26,6 +31,7 @@ struct ReadOutcome {
 /// records every readiness edge that arrives meanwhile, so no wake-up can be lost.
 ///
 /// Elsewhere (io_uring builds) it is plain async_read_some. Terminal cancellation only.
-[[nodiscard]] Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf);
+[[nodiscard]] Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf,
+                                              EdgeReadCache* cache = nullptr);
 
 }  // namespace tensorplay::detail
