@@ -10,30 +10,63 @@
 #include <asio/cancellation_type.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/error.hpp>
+#include <asio/execution/context.hpp>
+#include <asio/execution_context.hpp>
 #include <asio/post.hpp>
+#include <asio/query.hpp>
 
 #include <memory>
+#include <mutex>
 #include <system_error>
 #include <utility>
 
 namespace tensorplay::detail {
 
+class ResumeSlot;
+
+/// Per event loop: the slots with a parked waiter. When the event loop is destroyed (its services
+/// shut down), the waiters still parked are destroyed, as Asio destroys the handlers of pending
+/// operations; otherwise a coroutine parked in a slot that its own frame owns would leak.
+class SlotRegistry final : public asio::execution_context::service {
+public:
+    static asio::execution_context::id id;
+    explicit SlotRegistry(asio::execution_context& ctx);
+    /// The registry of the event loop behind `ex` (takes the context's service mutex: cache it).
+    template <class Executor>
+    static SlotRegistry& of(const Executor& ex) {
+        return asio::use_service<SlotRegistry>(asio::query(ex, asio::execution::context));
+    }
+
+private:
+    friend class ResumeSlot;
+    void add(ResumeSlot* s);
+    void remove(ResumeSlot* s);
+    void shutdown() override;
+
+    std::mutex mutex_;
+    ResumeSlot* head_ = nullptr;
+    bool shut_ = false;
+};
+
 /// One waiter at a time, completed once with an error_code. Not thread-safe: wait and complete
 /// on one executor (a strand or a single-threaded context). Cancellation of the wait (per-operation
 /// cancellation, as `||` and with_timeout emit) completes it with operation_aborted, posted.
 ///
-/// Ownership rule: whoever holds a slot with a waiter in it holds that waiter's coroutine. If the
-/// slot is destroyed without completing, the waiting coroutine is destroyed with it, so a slot must
-/// not be owned by the coroutine that waits on it unless something else completes it for sure.
+/// Ownership: whoever holds a slot with a waiter in it holds that waiter's coroutine; destroying
+/// the slot (or abandon()) destroys the parked coroutine. A tracked slot (the default) is also
+/// listed with its event loop's SlotRegistry while a waiter is parked, so that destroying the
+/// event loop destroys the waiter; `untracked` is for slots that an Asio operation owns already.
 class ResumeSlot {
 public:
-    ResumeSlot() = default;
+    struct Untracked {};
+    static constexpr Untracked untracked{};
+
+    /// `registry`: the waiters' event loop's registry, when known (else looked up at the first wait).
+    explicit ResumeSlot(SlotRegistry* registry = nullptr) : registry_(registry) {}
+    explicit ResumeSlot(Untracked) : tracked_(false) {}
     ResumeSlot(const ResumeSlot&) = delete;
     ResumeSlot& operator=(const ResumeSlot&) = delete;
-    ~ResumeSlot() {
-        // Released first: destroying the waiter may destroy the frame this slot lives in.
-        delete waiter_.release();
-    }
+    ~ResumeSlot() { delete take().release(); }
 
     /// True while a waiter is parked here.
     [[nodiscard]] bool waiting() const noexcept { return waiter_ != nullptr; }
@@ -44,21 +77,25 @@ public:
         return asio::async_initiate<Token, void(std::error_code)>(
             [this](auto handler) {
                 using H = decltype(handler);
+                if (tracked_ && !registry_) registry_ = &SlotRegistry::of(asio::get_associated_executor(handler));
                 waiter_ = std::make_unique<Waiter<H>>(std::move(handler), this);
+                if (tracked_) registry_->add(this);
             },
             token);
     }
 
-    /// Destroys the waiter without resuming it (Asio unwinds its coroutine through its executor).
-    void abandon() { delete waiter_.release(); }
-
     /// Resumes the waiter with `ec`: in place when called on its executor, else through it.
     /// Does nothing when no one waits.
     void complete(std::error_code ec = {}) {
-        if (auto w = std::move(waiter_)) w->resume(ec);
+        if (auto w = take()) w->resume(ec);
     }
 
+    /// Destroys the waiter without resuming it (Asio unwinds its coroutine through its executor).
+    void abandon() { delete take().release(); }
+
 private:
+    friend class SlotRegistry;
+
     struct WaiterBase {
         virtual ~WaiterBase() = default;
         virtual void resume(std::error_code ec) = 0;
@@ -91,11 +128,23 @@ private:
         void operator()(asio::cancellation_type type) const {
             if (type == asio::cancellation_type::none) return;
             // Posted: this runs inside the cancellation slot, which resuming would clear.
-            if (auto w = std::move(owner->waiter_)) w->resume_later(asio::error::operation_aborted);
+            if (auto w = owner->take()) w->resume_later(asio::error::operation_aborted);
         }
     };
 
+    /// Removes the waiter (and this slot from the registry's list).
+    std::unique_ptr<WaiterBase> take() {
+        if (!waiter_) return nullptr;
+        if (linked_) registry_->remove(this);
+        return std::move(waiter_);
+    }
+
     std::unique_ptr<WaiterBase> waiter_;
+    SlotRegistry* registry_ = nullptr;
+    bool tracked_ = true;
+    bool linked_ = false;  // in registry_'s list (guarded by its mutex)
+    ResumeSlot* prev_ = nullptr;
+    ResumeSlot* next_ = nullptr;
 };
 
 }  // namespace tensorplay::detail

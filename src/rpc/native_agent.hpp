@@ -39,6 +39,7 @@ struct NativeAgentTuning {
 /// read by the connection's reader runs the caller's continuation at once, with no trip through
 /// the event loop's queue (each such trip costs an epoll_wait system call).
 struct PendingCall {
+    explicit PendingCall(SlotRegistry* slots) : done(slots) {}
     ResumeSlot done;
     bool signalled = false;
     std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
@@ -118,6 +119,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::mutex pool_mutex;
     std::unique_ptr<asio::thread_pool> pool;
 
+    SlotRegistry* slots = nullptr;  // this event loop's, for the calls' slots (looking it up takes a mutex)
     std::vector<ServeWorker*> idle_workers;  // parked serving coroutines (woken to exit by close_local)
 
     std::uint64_t next_id = 1;

@@ -415,7 +415,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
             e = Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to);
         co_return fail(std::move(e));
     }
-    PendingCall pc;
+    PendingCall pc(slots);
     pc.conn = conn.get();
     peer.pending.emplace(id, &pc);
     PendingGuard guard{this, &peer, &pc, id};

@@ -156,6 +156,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       world_size(args.world_size),
       acceptor(ex),
       sweep_timer(ex) {
+    slots = &SlotRegistry::of(ex);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
     tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
 }

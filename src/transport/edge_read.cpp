@@ -75,7 +75,7 @@ struct EdgeReadOp final : asio::detail::reactor_op {
     int fd;
     asio::mutable_buffer buf;
     ReadOutcome* out;  // on the reader's frame, valid while it waits in `slot`
-    ResumeSlot slot;
+    ResumeSlot slot{ResumeSlot::untracked};  // the reactor owns this operation
 };
 
 }  // namespace

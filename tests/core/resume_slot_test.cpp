@@ -1,0 +1,94 @@
+// ResumeSlot: in-place resumption, cancellation, and waiters destroyed with their event loop.
+#include "core/asio_compat.hpp"
+#include "core/resume_slot.hpp"
+
+#include <tensorplay/core/timeout.hpp>
+
+#include "support/deadline.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
+#include <memory>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+using detail::ResumeSlot;
+
+namespace {
+
+struct Parked {
+    ResumeSlot slot;
+    int resumed = 0;
+    std::error_code ec;
+};
+
+/// Sets *flag when destroyed: tells whether a coroutine frame was destroyed.
+struct Sentinel {
+    bool* flag;
+    ~Sentinel() { *flag = true; }
+};
+
+Task<void> park(std::shared_ptr<Parked> p, bool* frame_gone) {
+    Sentinel s{frame_gone};
+    auto [ec] = co_await p->slot.async_wait(detail::use_nothrow);
+    p->ec = ec;
+    ++p->resumed;
+}
+
+}  // namespace
+
+TEST_CASE("complete() runs the waiter in place, before it returns", "[core][resume_slot]") {
+    asio::io_context ctx(1);
+    auto p = std::make_shared<Parked>();
+    bool gone = false;
+    asio::co_spawn(ctx, park(p, &gone), asio::detached);
+    ctx.poll();
+    REQUIRE(p->slot.waiting());
+    bool checked = false;
+    asio::post(ctx, [&] {
+        p->slot.complete();
+        CHECK(p->resumed == 1);  // already ran, inside complete()
+        CHECK_FALSE(p->ec);
+        checked = true;
+    });
+    ctx.poll();
+    CHECK(checked);
+    CHECK_FALSE(p->slot.waiting());
+    p->slot.complete();  // no waiter: nothing happens
+    CHECK(p->resumed == 1);
+}
+
+TEST_CASE("a cancelled wait ends with operation_aborted", "[core][resume_slot]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto p = std::make_shared<Parked>();
+        auto wait = [](std::shared_ptr<Parked> p) -> Task<Result<int>> {
+            auto [ec] = co_await p->slot.async_wait(detail::use_nothrow);
+            if (ec) co_return fail(from_error_code(ec, "wait"));
+            co_return 1;
+        };
+        auto r = co_await with_timeout(wait(p), 20ms);  // the deadline cancels the wait
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK_FALSE(p->slot.waiting());
+        p->slot.complete();  // late: nobody waits any more
+    });
+}
+
+TEST_CASE("a waiter still parked when its event loop is destroyed is destroyed with it", "[core][resume_slot]") {
+    bool gone = false;
+    auto p = std::make_shared<Parked>();
+    {
+        asio::io_context ctx(1);
+        // The frame owns `p`, which owns the slot, which owns the frame: only the event loop's
+        // registry can end it.
+        asio::co_spawn(ctx, park(p, &gone), asio::detached);
+        ctx.poll();
+        REQUIRE(p->slot.waiting());
+        CHECK_FALSE(gone);
+    }
+    CHECK(gone);
+    CHECK_FALSE(p->slot.waiting());
+    CHECK(p->resumed == 0);
+}
