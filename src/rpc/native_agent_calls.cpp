@@ -224,6 +224,9 @@ void AgentCore::release_workers() {
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
     if (rank >= 0) {
+        // Replies: with other calls still waiting, every read is followed by a check for more, so
+        // that a peer's reset arriving with a reply fails them at once (only its read finds it).
+        conn->set_idle_reads([this] { return outstanding <= 1; });
         peers[rank].conn = conn;
     } else {
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });

@@ -73,7 +73,7 @@ Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
         }
         if (lane->in.size() < std::max(n, lane->in_end + 4096)) lane->in.resize(std::max(n, lane->in_end + 16384));
         auto r = co_await edge_read_some(lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end),
-                                      &lane->edge_cache);
+                                      &lane->edge);
         const std::error_code ec = r.ec;
         lane->in_end += r.n;
         if (ec) {
@@ -253,6 +253,7 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
         }
         std::optional<Error> failure;
         for (auto& op : batch) {
+            lane->last_reply = &op == &batch.back();
             if (!op->wait_request.empty()) {
                 auto outcome = co_await finish_wait(s, lane, op.get(), sent);
                 --lane->waits;
@@ -298,7 +299,11 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 
 }  // namespace
 
-Lane::Lane(ClientState& client) : socket(client.strand) {}
+Lane::Lane(ClientState& client) : socket(client.strand) {
+    // A reset of the server that comes with a reply is seen at once while more replies are due;
+    // after the last one, the next request's send finds it.
+    edge.may_idle = [this] { return last_reply; };
+}
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),

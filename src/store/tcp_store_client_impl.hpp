@@ -99,7 +99,8 @@ struct Lane {
 
     Bytes in;  // unread replies in [in_begin, in_end); the size is the capacity
     std::size_t in_begin = 0, in_end = 0;
-    EdgeReadCache edge_cache;
+    EdgeReadState edge;
+    bool last_reply = true;  // reading the last reply of the batch in flight (see edge.may_idle)
     Bytes out;
 
     bool parked = false;  // the actor waits in `kick`

@@ -51,7 +51,7 @@ struct StoreConn {
     // Read buffer [begin, end) inside [0, cap); grown only to what a request needs (limits checked first).
     std::unique_ptr<std::uint8_t[]> in;
     std::size_t in_cap = 0, in_begin = 0, in_end = 0;
-    EdgeReadCache edge_cache;
+    EdgeReadState edge;
 
     Bytes out;      // replies not yet sent
     Bytes writing;  // the buffer the writer is sending

@@ -97,7 +97,7 @@ struct ConnectionState {
 
     Bytes rbuf;
     std::size_t rbeg = 0, rend = 0;
-    EdgeReadCache edge_cache;
+    EdgeReadState edge;
 
     std::vector<OutFrame> queue, batch;
     std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
@@ -182,7 +182,7 @@ struct ConnectionState {
         while (rend - rbeg < n) {
             if (!open) co_return fail(closed_error());
             // (a short read tells the reactor that the socket is drained: no EAGAIN read next time)
-            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), &edge_cache);
+            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), &edge);
             const std::error_code ec = got.ec;
             const std::size_t k = got.n;
             ++stats.reads;
@@ -208,13 +208,20 @@ struct ConnectionState {
         n -= have;
         if (n == 0) co_return ok();
         if (n >= kDirectReadMin) {
-            auto [ec, k] = co_await asio::async_read(socket, asio::buffer(dst, n), TransferRest{n}, use_nothrow);
-            ++stats.reads;
-            if (ec) {
-                if (!open) co_return fail(closed_error());
-                co_return fail(broken(Error(Errc::connection_lost,
-                                            "connection to " + who() + " lost in the middle of a frame: " + ec.message(),
-                                            peer.name, ec)));
+            // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
+            // between chunks.
+            while (n > 0) {
+                auto got = co_await edge_read_some(socket, asio::buffer(dst, n), &edge);
+                ++stats.reads;
+                if (got.ec) {
+                    if (!open) co_return fail(closed_error());
+                    co_return fail(broken(Error(Errc::connection_lost,
+                                                "connection to " + who() + " lost in the middle of a frame: " +
+                                                    got.ec.message(),
+                                                peer.name, got.ec)));
+                }
+                dst += got.n;
+                n -= got.n;
             }
             co_return ok();
         }
@@ -453,6 +460,8 @@ Result<void> Connection::send(Frame frame, bool flush) {
     }
     return ok();
 }
+
+void Connection::set_idle_reads(std::function<bool()> may_idle) { state_->edge.may_idle = std::move(may_idle); }
 
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 

@@ -1,5 +1,5 @@
 // edge_read_some on Asio's epoll reactor: a reactor operation of our own whose perform step says
-// "drained" after a short read. Relies on asio::detail (reactor_op, epoll_reactor::start_op, the
+// "drained" when the kernel reports no bytes left (TCP_INQ). Relies on asio::detail (reactor_op, epoll_reactor::start_op, the
 // socket's reactor registration), which Debian's Asio 1.22 provides; other builds fall back.
 #include "transport/edge_read.hpp"
 
@@ -9,9 +9,13 @@
 #include <asio/detail/config.hpp>
 #include <asio/version.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cerrno>
+#include <cstring>
 #include <memory>
 
 #if defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT) && ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
@@ -42,16 +46,27 @@ struct SocketAccess : asio::ip::tcp::socket {
 /// Owned by the reactor from start_op until its completion (or its destruction when the event loop
 /// is destroyed, which then also destroys the parked reader).
 struct EdgeReadOp final : asio::detail::reactor_op {
-    EdgeReadOp(int fd_, asio::mutable_buffer b, ReadOutcome* out_)
-        : reactor_op(asio::error_code(), &do_perform, &do_complete), fd(fd_), buf(b), out(out_) {}
+    EdgeReadOp(int fd_, asio::mutable_buffer b, ReadOutcome* out_, const EdgeReadState* st)
+        : reactor_op(asio::error_code(), &do_perform, &do_complete), fd(fd_), buf(b), out(out_), state(st) {}
 
     static status do_perform(reactor_op* base) {
         auto* o = static_cast<EdgeReadOp*>(base);
+        iovec iov{o->buf.data(), o->buf.size()};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
         for (;;) {
-            const ssize_t n = ::recv(o->fd, o->buf.data(), o->buf.size(), MSG_DONTWAIT);
+            msghdr msg{};
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control;
+            msg.msg_controllen = sizeof control;
+            const ssize_t n = ::recvmsg(o->fd, &msg, MSG_DONTWAIT);
             if (n > 0) {
                 o->bytes_transferred_ = static_cast<std::size_t>(n);
-                return o->bytes_transferred_ < o->buf.size() ? done_and_exhausted : done;
+                int inq = -1;  // bytes left in the kernel (1 after a FIN); -1: not reported
+                for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) std::memcpy(&inq, CMSG_DATA(c), sizeof inq);
+                const bool idle_ok = !o->state || !o->state->may_idle || o->state->may_idle();
+                return inq == 0 && idle_ok ? done_and_exhausted : done;
             }
             if (n == 0) {
                 o->ec_ = asio::error::eof;
@@ -74,23 +89,30 @@ struct EdgeReadOp final : asio::detail::reactor_op {
 
     int fd;
     asio::mutable_buffer buf;
-    ReadOutcome* out;  // on the reader's frame, valid while it waits in `slot`
+    ReadOutcome* out;            // on the reader's frame, valid while it waits in `slot`
+    const EdgeReadState* state;  // next to the socket: valid while the socket is open
     ResumeSlot slot{ResumeSlot::untracked};  // the reactor owns this operation
 };
 
 }  // namespace
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadCache* cache) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState* state) {
     ReadOutcome out;
     if (buf.size() == 0) co_return out;
     auto& impl = SocketAccess::impl(socket);
-    void* known = cache ? cache->reactor : nullptr;
-    if (!known) {  // (use_service takes the registry's mutex: once per socket is enough)
+    void* known = state ? state->reactor : nullptr;
+    if (!known) {
         known = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
-        if (cache) cache->reactor = known;
+        if (state) state->reactor = known;
+    }
+    if (state && state->inq_fd != impl.socket_) {
+        // Without it no read reports the socket drained: Asio's usual behaviour, nothing worse.
+        int on = 1;
+        ::setsockopt(impl.socket_, SOL_TCP, TCP_INQ, &on, sizeof on);
+        state->inq_fd = impl.socket_;
     }
     auto& reactor = *static_cast<asio::detail::reactor*>(known);
-    auto* op = new EdgeReadOp(impl.socket_, buf, &out);
+    auto* op = new EdgeReadOp(impl.socket_, buf, &out, state);
     ResumeSlot& slot = op->slot;
     // The reactor completes `op` from the event loop (or posts it), never inside start_op.
     reactor.start_op(asio::detail::reactor::read_op, impl.socket_, impl.reactor_data_, op, false, true);
@@ -101,7 +123,7 @@ Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_bu
 
 #else
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadCache*) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState*) {
     auto [ec, n] = co_await socket.async_read_some(buf, use_nothrow);
     co_return ReadOutcome{ec, n};
 }

@@ -138,6 +138,58 @@ TEST_CASE("a peer that closes in the middle of a tensor gives connection_lost", 
     });
 }
 
+namespace {
+/// A whole frame with a 5-byte payload and no tensors.
+Bytes small_frame(std::uint64_t id) {
+    WireWriter meta;
+    meta.str32("h").u32(0);
+    auto f = header(1, static_cast<std::uint32_t>(meta.size()), id, 5);
+    f.insert(f.end(), meta.data().begin(), meta.data().end());
+    for (char c : std::string("hello")) f.push_back(static_cast<std::uint8_t>(c));
+    return f;
+}
+}  // namespace
+
+// The peer's last frame and its FIN arrive together: the read that takes the frame drains the
+// socket, and the end of the stream must still be seen without another readiness event.
+TEST_CASE("a peer that sends a frame and closes: the frame, then connection_lost", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        co_await test::write_raw(rc->raw, small_frame(9));
+        rc->raw.close();
+        asio::steady_timer t(co_await asio::this_coro::executor, 20ms);  // both are in before we read
+        co_await t.async_wait(asio::use_awaitable);
+        auto f = co_await conn->receive();
+        REQUIRE(f);
+        CHECK(f->id == 9u);
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+    });
+}
+
+// The same with a reset: the kernel does not count it as bytes left, so a reader that waits for
+// input says so (set_idle_reads false) and still sees it at once.
+TEST_CASE("a peer that sends a frame and resets: the frame, then an error, when reads may not idle", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        conn->set_idle_reads([] { return false; });
+        co_await test::write_raw(rc->raw, small_frame(10));
+        rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
+        rc->raw.close();
+        asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
+        co_await t.async_wait(asio::use_awaitable);
+        auto f = co_await conn->receive();
+        REQUIRE(f);
+        CHECK(f->id == 10u);
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+    });
+}
+
 TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto rc = co_await raw_client();

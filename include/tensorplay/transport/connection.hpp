@@ -117,6 +117,11 @@ public:
     /// soon; without it, frames queued in the same turn of the event loop share one write.
     /// Errc::connection_lost (or the close reason) when the connection is closed.
     [[nodiscard]] Result<void> send(Frame frame, bool flush = false);
+    /// Read hint (docs/protocol.md, "Receiving"): `may_idle` tells, when bytes arrive, whether the
+    /// reader may wait for the next ones without a read that would fail with EAGAIN first. Say false
+    /// while something waits for input that no send of ours will precede: a reset of the peer that
+    /// arrives with the last bytes is then still seen at once (a send finds it anyway). Default: true.
+    void set_idle_reads(std::function<bool()> may_idle);
     /// True when bytes of further frames are already buffered (receive() will not wait for them).
     [[nodiscard]] bool input_pending() const noexcept;
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
