@@ -19,6 +19,10 @@ void SlotRegistry::add(ResumeSlot* s) {
 
 void SlotRegistry::remove(ResumeSlot* s) {
     std::lock_guard lock(mutex_);
+    unlink(s);
+}
+
+void SlotRegistry::unlink(ResumeSlot* s) {
     if (!s->linked_) return;
     if (s->prev_) s->prev_->next_ = s->next_;
     else head_ = s->next_;
@@ -38,6 +42,7 @@ void SlotRegistry::shutdown() {
                 return;
             }
             s = head_;
+            unlink(s);
         }
         s->abandon();
     }

@@ -15,6 +15,7 @@
 #include <asio/post.hpp>
 #include <asio/query.hpp>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -41,6 +42,7 @@ private:
     friend class ResumeSlot;
     void add(ResumeSlot* s);
     void remove(ResumeSlot* s);
+    void unlink(ResumeSlot* s);  // with mutex_ held
     void shutdown() override;
 
     std::mutex mutex_;
@@ -48,8 +50,8 @@ private:
     bool shut_ = false;
 };
 
-/// One waiter at a time, completed once with an error_code. Not thread-safe: wait and complete
-/// on one executor (a strand or a single-threaded context). Cancellation of the wait (per-operation
+/// One waiter at a time, completed once with an error_code. Wait and complete on one executor (a
+/// strand or a single-threaded context); only taking the waiter is atomic (complete_with). Cancellation of the wait (per-operation
 /// cancellation, as `||` and with_timeout emit) completes it with operation_aborted, posted.
 ///
 /// Ownership: whoever holds a slot with a waiter in it holds that waiter's coroutine; destroying
@@ -69,7 +71,7 @@ public:
     ~ResumeSlot() { delete take().release(); }
 
     /// True while a waiter is parked here.
-    [[nodiscard]] bool waiting() const noexcept { return waiter_ != nullptr; }
+    [[nodiscard]] bool waiting() const noexcept { return waiter_.load(std::memory_order_acquire) != nullptr; }
 
     /// Parks the caller until complete() (or cancellation). One waiter at a time.
     template <class Token>
@@ -78,8 +80,9 @@ public:
             [this](auto handler) {
                 using H = decltype(handler);
                 if (tracked_ && !registry_) registry_ = &SlotRegistry::of(asio::get_associated_executor(handler));
-                waiter_ = std::make_unique<Waiter<H>>(std::move(handler), this);
+                auto w = std::make_unique<Waiter<H>>(std::move(handler), this);
                 if (tracked_) registry_->add(this);
+                waiter_.store(w.release(), std::memory_order_release);
             },
             token);
     }
@@ -88,6 +91,19 @@ public:
     /// Does nothing when no one waits.
     void complete(std::error_code ec = {}) {
         if (auto w = take()) w->resume(ec);
+    }
+
+    /// As complete(), but runs `before()` first, once the waiter is taken (so it cannot be
+    /// cancelled any more): for handing it results. Returns false (and runs nothing) when no one
+    /// waits. The taking is atomic: an untracked slot may be completed from another thread than
+    /// the one that cancels its waiter.
+    template <class F>
+    bool complete_with(std::error_code ec, F&& before) {
+        auto w = take();
+        if (!w) return false;
+        before();
+        w->resume(ec);
+        return true;
     }
 
     /// Destroys the waiter without resuming it (Asio unwinds its coroutine through its executor).
@@ -132,14 +148,14 @@ private:
         }
     };
 
-    /// Removes the waiter (and this slot from the registry's list).
+    /// Removes the waiter (and this slot from the registry's list); one taker wins.
     std::unique_ptr<WaiterBase> take() {
-        if (!waiter_) return nullptr;
-        if (linked_) registry_->remove(this);
-        return std::move(waiter_);
+        std::unique_ptr<WaiterBase> w(waiter_.exchange(nullptr, std::memory_order_acq_rel));
+        if (w && linked_) registry_->remove(this);
+        return w;
     }
 
-    std::unique_ptr<WaiterBase> waiter_;
+    std::atomic<WaiterBase*> waiter_{nullptr};
     SlotRegistry* registry_ = nullptr;
     bool tracked_ = true;
     bool linked_ = false;  // in registry_'s list (guarded by its mutex)

@@ -81,10 +81,14 @@ struct EdgeReadOp final : asio::detail::reactor_op {
 
     static void do_complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
         std::unique_ptr<EdgeReadOp> o(static_cast<EdgeReadOp*>(base));
-        if (!owner || !o->slot.waiting()) return;  // destroyed with the event loop, or the reader left
-        o->out->ec = o->ec_;
-        o->out->n = o->bytes_transferred_;
-        o->slot.complete(o->ec_);  // resumes the reader here, before `o` goes
+        if (!owner) return;  // destroyed with the event loop (and the parked reader with it)
+        // This may run on another thread than a cancellation of the reader (a strand on a pool):
+        // the results are written only once the waiter is ours. No waiter: the reader left.
+        EdgeReadOp& op = *o;
+        op.slot.complete_with(op.ec_, [&op] {
+            op.out->ec = op.ec_;
+            op.out->n = op.bytes_transferred_;
+        });  // resumes the reader here (or on its strand), before `o` goes
     }
 
     int fd;
