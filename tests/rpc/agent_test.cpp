@@ -305,18 +305,27 @@ TEST_CASE("a call that times out returns timeout, and its late reply is dropped"
     });
 }
 
+namespace {
+using Signal = detail::Channel<void(std::error_code, int)>;
+
+/// A handler that signals `entered`, then holds the call until `release` is signalled.
+RpcHandler held_handler(Signal& entered, Signal& release) {
+    return [&entered, &release](WorkerInfo, Message m) -> Task<Result<Message>> {
+        entered.try_send(std::error_code{}, 0);
+        auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
+        (void)ec;
+        (void)unused;
+        co_return m;
+    };
+}
+}  // namespace
+
 TEST_CASE("a short timeout fires on time while a call with a longer one is pending", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         auto ex = co_await asio::this_coro::executor;
         detail::Channel<void(std::error_code, int)> entered(ex, 2), release(ex, 2), long_done(ex, 1);
-        REQUIRE(g[1]->register_handler("held", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
-            entered.try_send(std::error_code{}, 0);
-            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
-            (void)ec;
-            (void)unused;
-            co_return m;
-        }));
+        REQUIRE(g[1]->register_handler("held", held_handler(entered, release)));
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("long"), 5),
                        [&](std::exception_ptr, Result<Message> r) { long_done.try_send(std::error_code{}, r ? 1 : 0); });
         co_await entered.async_receive(asio::use_awaitable);  // the 5 s deadline is registered
@@ -338,13 +347,7 @@ TEST_CASE("a caller cancelled while waiting gets cancelled at once; the late rep
         test::register_echo(g);
         auto ex = co_await asio::this_coro::executor;
         detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1);
-        REQUIRE(g[1]->register_handler("held", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
-            entered.try_send(std::error_code{}, 0);
-            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
-            (void)ec;
-            (void)unused;
-            co_return m;
-        }));
+        REQUIRE(g[1]->register_handler("held", held_handler(entered, release)));
         // No rpc timeout (0): only the caller's own deadline (per-operation cancellation) ends it.
         const auto t0 = Clock::now();
         auto call = g[0]->rpc_async("worker1", "held", test::text_message("late"), 0);
@@ -392,13 +395,7 @@ TEST_CASE("a local shutdown ends pending calls with shutdown", "[rpc][agent]") {
         auto g = co_await test::make_group(2);
         auto ex = co_await asio::this_coro::executor;
         detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1), finished(ex, 1);
-        REQUIRE(g[1]->register_handler("never", [&](WorkerInfo, Message m) -> Task<Result<Message>> {
-            entered.try_send(std::error_code{}, 0);
-            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
-            (void)ec;
-            (void)unused;
-            co_return m;
-        }));
+        REQUIRE(g[1]->register_handler("never", held_handler(entered, release)));
         std::optional<Result<Message>> pending;
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0), [&](std::exception_ptr, Result<Message> r) {
             pending = std::move(r);

@@ -150,44 +150,37 @@ Bytes small_frame(std::uint64_t id) {
 }
 }  // namespace
 
-// The peer's last frame and its FIN arrive together: the read that takes the frame drains the
-// socket, and the end of the stream must still be seen without another readiness event.
+namespace {
+/// The peer sends a whole frame and then closes (`reset`: with an RST instead of a FIN); both are
+/// in before the first read. The frame must come out, then the end of the connection, at once.
+Task<void> frame_then_end(bool reset, bool may_idle) {
+    auto rc = co_await raw_client();
+    auto conn = co_await handshaken(*rc);
+    conn->set_idle_reads([may_idle] { return may_idle; });
+    co_await test::write_raw(rc->raw, small_frame(9));
+    if (reset) rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
+    rc->raw.close();
+    asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
+    co_await t.async_wait(asio::use_awaitable);
+    auto f = co_await conn->receive();
+    REQUIRE(f);
+    CHECK(f->id == 9u);
+    auto r = co_await conn->receive();
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == Errc::connection_lost);
+}
+}  // namespace
+
+// The read that takes the frame drains the socket; the FIN left behind has spent its readiness
+// edge, and the kernel's TCP_INQ count (which includes a FIN) must keep the reader looking.
 TEST_CASE("a peer that sends a frame and closes: the frame, then connection_lost", "[transport][fault]") {
-    test::run_with_deadline(5s, [&]() -> Task<void> {
-        auto rc = co_await raw_client();
-        auto conn = co_await handshaken(*rc);
-        co_await test::write_raw(rc->raw, small_frame(9));
-        rc->raw.close();
-        asio::steady_timer t(co_await asio::this_coro::executor, 20ms);  // both are in before we read
-        co_await t.async_wait(asio::use_awaitable);
-        auto f = co_await conn->receive();
-        REQUIRE(f);
-        CHECK(f->id == 9u);
-        auto r = co_await conn->receive();
-        REQUIRE_FALSE(r);
-        CHECK(r.error().code() == Errc::connection_lost);
-    });
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, true); });
 }
 
-// The same with a reset: the kernel does not count it as bytes left, so a reader that waits for
-// input says so (set_idle_reads false) and still sees it at once.
+// A reset is not counted by TCP_INQ: a reader that something waits on says so (set_idle_reads)
+// and still sees it at once.
 TEST_CASE("a peer that sends a frame and resets: the frame, then an error, when reads may not idle", "[transport][fault]") {
-    test::run_with_deadline(5s, [&]() -> Task<void> {
-        auto rc = co_await raw_client();
-        auto conn = co_await handshaken(*rc);
-        conn->set_idle_reads([] { return false; });
-        co_await test::write_raw(rc->raw, small_frame(10));
-        rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
-        rc->raw.close();
-        asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
-        co_await t.async_wait(asio::use_awaitable);
-        auto f = co_await conn->receive();
-        REQUIRE(f);
-        CHECK(f->id == 10u);
-        auto r = co_await conn->receive();
-        REQUIRE_FALSE(r);
-        CHECK(r.error().code() == Errc::connection_lost);
-    });
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(true, false); });
 }
 
 TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
