@@ -76,15 +76,24 @@ public:
     /// Parks the caller until complete() (or cancellation). One waiter at a time.
     template <class Token>
     auto async_wait(Token&& token) {
+        return async_wait(std::forward<Token>(token), [] {});
+    }
+
+    /// As async_wait, then calls `start()` once the waiter is parked: for starting what will
+    /// complete the slot when that may happen at once on another thread. After start() returns,
+    /// the slot may already be gone.
+    template <class Token, class Start>
+    auto async_wait(Token&& token, Start start) {
         return asio::async_initiate<Token, void(std::error_code)>(
-            [this](auto handler) {
+            [this](auto handler, Start go) {
                 using H = decltype(handler);
                 if (tracked_ && !registry_) registry_ = &SlotRegistry::of(asio::get_associated_executor(handler));
                 auto w = std::make_unique<Waiter<H>>(std::move(handler), this);
                 if (tracked_) registry_->add(this);
                 waiter_.store(w.release(), std::memory_order_release);
+                go();
             },
-            token);
+            token, std::move(start));
     }
 
     /// Resumes the waiter with `ec`: in place when called on its executor, else through it.

@@ -117,10 +117,12 @@ Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_bu
     }
     auto& reactor = *static_cast<asio::detail::reactor*>(known);
     auto* op = new EdgeReadOp(impl.socket_, buf, &out, state);
-    ResumeSlot& slot = op->slot;
-    // The reactor completes `op` from the event loop (or posts it), never inside start_op.
-    reactor.start_op(asio::detail::reactor::read_op, impl.socket_, impl.reactor_data_, op, false, true);
-    auto [ec] = co_await slot.async_wait(use_nothrow);
+    // Started only once the reader is parked in the op's slot: with several threads running the
+    // event loop, another one may complete (and free) the op as soon as the reactor has it.
+    auto start = [&reactor, &impl, op] {
+        reactor.start_op(asio::detail::reactor::read_op, impl.socket_, impl.reactor_data_, op, false, true);
+    };
+    auto [ec] = co_await op->slot.async_wait(use_nothrow, start);
     if (ec == asio::error::operation_aborted && out.ec != ec) out.ec = ec;  // cancelled while waiting
     co_return out;
 }

@@ -3,13 +3,20 @@
 
 #include "store/store_conformance.hpp"
 
+#include <tensorplay/core/runtime.hpp>
+
+#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/strand.hpp>
 #include <asio/ip/tcp.hpp>
 
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
 
+#ifndef TP_IO_THREADS
+#define TP_IO_THREADS 2
+#endif
 namespace {
 
 // A client that keeps its own server alive: the conformance suite wants a fresh, empty store.
@@ -320,4 +327,68 @@ TEST_CASE("a torch2 client refuses a server that does not answer the handshake",
         REQUIRE_FALSE(c);
         CHECK(c.error().message().find("torch113") != std::string::npos);
     });
+}
+
+namespace {
+// One client's share of the two-thread test: sets, gets and adds, with a wait that times out
+// (a cancelled read) between them.
+Task<Result<int>> client_churn(Executor ex, std::uint16_t port, int id) {
+    auto opts = client_options(port);
+    auto c = co_await TcpStore::connect(ex, opts);
+    if (!c) co_return fail(c.error());
+    int checked = 0;
+    for (int i = 0; i < 100; ++i) {
+        const std::string key = "c" + std::to_string(id) + "/" + std::to_string(i);
+        if (auto r = co_await (*c)->set(key, bytes(key)); !r) co_return fail(r.error());
+        auto g = co_await (*c)->get(key);
+        if (!g || *g != bytes(key)) co_return fail(Errc::internal, "get " + key + " returned something else");
+        auto a = co_await (*c)->add("shared", 1);
+        if (!a) co_return fail(a.error());
+        if (i % 25 == 0) {
+            std::vector<std::string> missing{"never/" + key};
+            auto w = co_await (*c)->wait(missing, 20ms);
+            if (w || w.error().code() != Errc::timeout) co_return fail(Errc::internal, "a wait on a missing key did not time out");
+        }
+        ++checked;
+    }
+    (*c)->close();
+    co_return checked;
+}
+
+template <class T>
+Task<Result<T>> on_strand(Executor strand, Task<Result<T>> t) {
+    co_return co_await asio::co_spawn(strand, std::move(t), asio::use_awaitable);
+}
+
+// Runs on a strand of its own; the server and the clients make theirs on `io` (two threads).
+Task<Result<std::int64_t>> two_thread_load(Executor io) {
+    auto self = co_await asio::this_coro::executor;
+    auto server = TcpStoreServer::start(io, {.host = "127.0.0.1"});
+    if (!server) co_return fail(server.error());
+    const auto port = (*server)->port();
+    std::vector<std::unique_ptr<Spawned<int>>> clients;
+    for (int id = 0; id < 8; ++id) clients.push_back(std::make_unique<Spawned<int>>(self, client_churn(io, port, id)));
+    for (auto& c : clients) {
+        auto r = co_await c->join();
+        if (!r) co_return fail(r.error());
+        if (*r != 100) co_return fail(Errc::internal, "a client finished early");
+    }
+    auto check = co_await TcpStore::connect(io, client_options(port));
+    if (!check) co_return fail(check.error());
+    auto total = co_await (*check)->add("shared", 0);
+    (*check)->close();
+    (*server)->stop();
+    co_return total;
+}
+}  // namespace
+
+// Server and clients on an event loop run by two threads: every connection is strand-bound, but
+// reactor completions and cancellations (the timed-out waits) may run on either thread.
+TEST_CASE("a server and clients on a two-thread event loop serve every operation", "[store]") {
+    Runtime rt(RuntimeOptions{.io_threads = TP_IO_THREADS, .num_worker_threads = 1});
+    const Executor io = rt.get_executor();
+    const Executor strand = asio::make_strand(io);
+    auto r = rt.block_on(on_strand(strand, with_timeout(two_thread_load(io), 30s)));
+    REQUIRE(r);
+    CHECK(*r == 8 * 100);
 }
