@@ -31,6 +31,18 @@ double thread_cpu_s() {
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+/// An epoll instance watching every descriptor for input; events carry the index.
+int watch_all(const std::vector<int>& fds) {
+    const int ep = ::epoll_create1(0);
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+        epoll_event e{};
+        e.events = EPOLLIN;
+        e.data.u32 = static_cast<std::uint32_t>(i);
+        ::epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &e);
+    }
+    return ep;
+}
+
 [[noreturn]] void die(const char* what) {
     std::perror(what);
     std::exit(1);
@@ -66,13 +78,7 @@ int main(int argc, char** argv) {
     std::atomic<bool> stop{false};
     double server_cpu = 0;
     std::thread server([&] {
-        const int ep = ::epoll_create1(0);
-        for (int i = 0; i < n; ++i) {
-            epoll_event e{};
-            e.events = EPOLLIN;
-            e.data.u32 = static_cast<std::uint32_t>(i);
-            ::epoll_ctl(ep, EPOLL_CTL_ADD, served[i], &e);
-        }
+        const int ep = watch_all(served);
         char buf[4096], reply[kReply * 64];
         std::memset(reply, 'r', sizeof reply);
         epoll_event events[128];
@@ -88,13 +94,7 @@ int main(int argc, char** argv) {
         server_cpu = thread_cpu_s() - c0;
         ::close(ep);
     });
-    const int ep = ::epoll_create1(0);
-    for (int i = 0; i < n; ++i) {
-        epoll_event e{};
-        e.events = EPOLLIN;
-        e.data.u32 = static_cast<std::uint32_t>(i);
-        ::epoll_ctl(ep, EPOLL_CTL_ADD, clients[i], &e);
-    }
+    const int ep = watch_all(clients);
     char request[kRequest], buf[4096];
     std::memset(request, 'q', sizeof request);
     for (int i = 0; i < n; ++i) ::send(clients[i], request, kRequest, MSG_NOSIGNAL);

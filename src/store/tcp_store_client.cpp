@@ -73,7 +73,7 @@ Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
         }
         if (lane->in.size() < std::max(n, lane->in_end + 4096)) lane->in.resize(std::max(n, lane->in_end + 16384));
         auto r = co_await edge_read_some(lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end),
-                                      &lane->edge);
+                                      lane->edge);
         const std::error_code ec = r.ec;
         lane->in_end += r.n;
         if (ec) {

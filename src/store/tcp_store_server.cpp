@@ -114,9 +114,9 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
     while (!c->closed) {
         if (c->in_end - c->in_begin < need || c->in_begin == c->in_end) {
             reserve_input(*c, need);
-            // (a short read tells the reactor the socket is drained: no EAGAIN read before the next wait)
+            // (a read that empties the socket tells the reactor so: no EAGAIN read before the next wait)
             auto got = co_await detail::edge_read_some(c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end),
-                                              &c->edge);
+                                              c->edge);
             const std::error_code ec = got.ec;
             const std::size_t n = got.n;
             if (ec || c->closed) {

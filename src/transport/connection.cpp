@@ -181,8 +181,8 @@ struct ConnectionState {
         }
         while (rend - rbeg < n) {
             if (!open) co_return fail(closed_error());
-            // (a short read tells the reactor that the socket is drained: no EAGAIN read next time)
-            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), &edge);
+            // (a read that empties the socket tells the reactor so: no EAGAIN read next time)
+            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge);
             const std::error_code ec = got.ec;
             const std::size_t k = got.n;
             ++stats.reads;
@@ -211,7 +211,7 @@ struct ConnectionState {
             // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
             // between chunks.
             while (n > 0) {
-                auto got = co_await edge_read_some(socket, asio::buffer(dst, n), &edge);
+                auto got = co_await edge_read_some(socket, asio::buffer(dst, n), edge);
                 ++stats.reads;
                 if (got.ec) {
                     if (!open) co_return fail(closed_error());

@@ -1,6 +1,7 @@
 // edge_read_some on Asio's epoll reactor: a reactor operation of our own whose perform step says
-// "drained" when the kernel reports no bytes left (TCP_INQ). Relies on asio::detail (reactor_op, epoll_reactor::start_op, the
-// socket's reactor registration), which Debian's Asio 1.22 provides; other builds fall back.
+// "drained" when the kernel reports no bytes left (TCP_INQ). Relies on asio::detail (reactor_op,
+// epoll_reactor::start_op, the socket's reactor registration), which Debian's Asio 1.22 provides;
+// other builds fall back to async_read_some.
 #include "transport/edge_read.hpp"
 
 #include "core/asio_compat.hpp"
@@ -46,7 +47,7 @@ struct SocketAccess : asio::ip::tcp::socket {
 /// Owned by the reactor from start_op until its completion (or its destruction when the event loop
 /// is destroyed, which then also destroys the parked reader).
 struct EdgeReadOp final : asio::detail::reactor_op {
-    EdgeReadOp(int fd_, asio::mutable_buffer b, ReadOutcome* out_, const EdgeReadState* st)
+    EdgeReadOp(int fd_, asio::mutable_buffer b, ReadOutcome* out_, const EdgeReadState& st)
         : reactor_op(asio::error_code(), &do_perform, &do_complete), fd(fd_), buf(b), out(out_), state(st) {}
 
     static status do_perform(reactor_op* base) {
@@ -65,7 +66,7 @@ struct EdgeReadOp final : asio::detail::reactor_op {
                 int inq = -1;  // bytes left in the kernel (1 after a FIN); -1: not reported
                 for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
                     if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) std::memcpy(&inq, CMSG_DATA(c), sizeof inq);
-                const bool idle_ok = !o->state || !o->state->may_idle || o->state->may_idle();
+                const bool idle_ok = !o->state.may_idle || o->state.may_idle();
                 return inq == 0 && idle_ok ? done_and_exhausted : done;
             }
             if (n == 0) {
@@ -94,28 +95,25 @@ struct EdgeReadOp final : asio::detail::reactor_op {
     int fd;
     asio::mutable_buffer buf;
     ReadOutcome* out;            // on the reader's frame, valid while it waits in `slot`
-    const EdgeReadState* state;  // next to the socket: valid while the socket is open
+    const EdgeReadState& state;  // next to the socket: valid while the socket is open
     ResumeSlot slot{ResumeSlot::untracked};  // the reactor owns this operation
 };
 
 }  // namespace
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState* state) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state) {
     ReadOutcome out;
     if (buf.size() == 0) co_return out;
     auto& impl = SocketAccess::impl(socket);
-    void* known = state ? state->reactor : nullptr;
-    if (!known) {
-        known = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
-        if (state) state->reactor = known;
-    }
-    if (state && state->inq_fd != impl.socket_) {
+    if (!state.reactor)
+        state.reactor = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
+    if (state.inq_fd != impl.socket_) {
         // Without it no read reports the socket drained: Asio's usual behaviour, nothing worse.
         int on = 1;
         ::setsockopt(impl.socket_, SOL_TCP, TCP_INQ, &on, sizeof on);
-        state->inq_fd = impl.socket_;
+        state.inq_fd = impl.socket_;
     }
-    auto& reactor = *static_cast<asio::detail::reactor*>(known);
+    auto& reactor = *static_cast<asio::detail::reactor*>(state.reactor);
     auto* op = new EdgeReadOp(impl.socket_, buf, &out, state);
     // Started only once the reader is parked in the op's slot: with several threads running the
     // event loop, another one may complete (and free) the op as soon as the reactor has it.
@@ -129,7 +127,7 @@ Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_bu
 
 #else
 
-Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState*) {
+Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState&) {
     auto [ec, n] = co_await socket.async_read_some(buf, use_nothrow);
     co_return ReadOutcome{ec, n};
 }

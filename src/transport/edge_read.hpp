@@ -26,7 +26,7 @@ struct EdgeReadState {
     /// Evaluated when the bytes arrive. Empty: true.
     std::function<bool()> may_idle;
 
-    void* reactor = nullptr;  ///< the socket's reactor (use_service takes a mutex: once per socket)
+    void* reactor = nullptr;  ///< the socket's event loop's reactor (use_service takes a mutex: once)
     int inq_fd = -1;          ///< the descriptor TCP_INQ was turned on for
 };
 
@@ -41,6 +41,6 @@ struct EdgeReadState {
 ///
 /// Elsewhere (io_uring builds) it is plain async_read_some. Terminal cancellation only.
 [[nodiscard]] Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf,
-                                              EdgeReadState* state = nullptr);
+                                              EdgeReadState& state);
 
 }  // namespace tensorplay::detail

@@ -94,14 +94,8 @@ TEST_CASE("when a peer goes away its pending calls fail with connection_lost at 
         auto g = co_await test::make_group(3);
         test::register_echo(g);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 5), finished(ex, 5), release(ex, 5);
-        REQUIRE(g[1]->register_handler("never", [&entered, &release](WorkerInfo, Message m) -> Task<Result<Message>> {
-            entered.try_send(std::error_code{}, 0);
-            auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);  // held until the test ends
-            (void)ec;
-            (void)unused;
-            co_return m;
-        }));
+        test::Signal entered(ex, 5), finished(ex, 5), release(ex, 5);
+        REQUIRE(g[1]->register_handler("never", test::held_handler(entered, release)));  // held until the test ends
         std::vector<std::optional<Result<Message>>> pending(5);
         for (int i = 0; i < 5; ++i)
             asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 30),

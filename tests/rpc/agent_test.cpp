@@ -4,6 +4,7 @@
 #include <tensorplay/rpc/api.hpp>
 
 #include <asio/detached.hpp>
+#include <asio/post.hpp>
 #include <asio/io_context.hpp>
 
 #include <atomic>
@@ -80,7 +81,7 @@ TEST_CASE("1000 calls outstanding at once all complete, out of order", "[rpc][ag
         constexpr int n = 1000;
         std::vector<int> order;
         int failures = 0;
-        detail::Channel<void(std::error_code, int)> done(ex, n);
+        test::Signal done(ex, n);
         for (int i = 0; i < n; ++i) {
             asio::co_spawn(ex, g[0]->rpc_async("worker1", "delay", test::text_message(std::to_string(i))),
                            [&, i](std::exception_ptr, Result<Message> r) {
@@ -284,48 +285,46 @@ TEST_CASE("a call that times out returns timeout, and its late reply is dropped"
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         test::register_echo(g);
-        for (auto& a : g.agents)
-            REQUIRE(a->register_handler("slow", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-                co_await test::sleep_for(300ms);
-                co_return m;
-            }));
+        auto ex = co_await asio::this_coro::executor;
+        test::Signal entered(ex, 2), release(ex, 2), second_done(ex, 1), self_entered(ex, 1), self_release(ex, 1);
+        REQUIRE(g[1]->register_handler("held", test::held_handler(entered, release)));
+        REQUIRE(g[0]->register_handler("held", test::held_handler(self_entered, self_release)));
         auto t0 = Clock::now();
-        auto r = co_await g[0]->rpc_async("worker1", "slow", test::text_message("late"), 0.05);
-        auto took = Clock::now() - t0;
+        auto r = co_await g[0]->rpc_async("worker1", "held", test::text_message("late"), 0.05);
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::timeout);
-        CHECK(took < 250ms);
-        // The late reply arrives while this call is pending and must not be mistaken for it.
-        auto r2 = co_await g[0]->rpc_async("worker1", "slow", test::text_message("on time"), 0);
+        CHECK(Clock::now() - t0 < 4s);
+        // A second call is pending when the first one's late reply comes; it must not take it.
+        std::optional<Result<Message>> r2;
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("on time"), 0),
+                       [&](std::exception_ptr, Result<Message> m) {
+                           r2 = std::move(m);
+                           second_done.try_send(std::error_code{}, 0);
+                       });
+        for (int i = 0; i < 2; ++i) co_await entered.async_receive(asio::use_awaitable);  // both in the handler
+        release.try_send(std::error_code{}, 0);  // the first (timed-out) call's handler replies
+        // An echo on the same connection comes back after that late reply: it has been read.
+        auto echo = co_await g[0]->rpc_async("worker1", "echo", test::text_message("after the late reply"));
+        REQUIRE(echo);
+        CHECK_FALSE(r2);  // the late reply did not complete the second call
+        release.try_send(std::error_code{}, 0);
+        co_await second_done.async_receive(asio::use_awaitable);
         REQUIRE(r2);
-        CHECK(r2->payload == bytes("on time"));
-        auto self = co_await g[0]->rpc_async("worker0", "slow", {}, 0.05);
+        REQUIRE(*r2);
+        CHECK((*r2)->payload == bytes("on time"));
+        auto self = co_await g[0]->rpc_async("worker0", "held", {}, 0.05);
         CHECK(self.error().code() == Errc::timeout);
+        self_release.try_send(std::error_code{}, 0);
         co_await test::shutdown_all(g);
     });
 }
-
-namespace {
-using Signal = detail::Channel<void(std::error_code, int)>;
-
-/// A handler that signals `entered`, then holds the call until `release` is signalled.
-RpcHandler held_handler(Signal& entered, Signal& release) {
-    return [&entered, &release](WorkerInfo, Message m) -> Task<Result<Message>> {
-        entered.try_send(std::error_code{}, 0);
-        auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
-        (void)ec;
-        (void)unused;
-        co_return m;
-    };
-}
-}  // namespace
 
 TEST_CASE("a short timeout fires on time while a call with a longer one is pending", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 2), release(ex, 2), long_done(ex, 1);
-        REQUIRE(g[1]->register_handler("held", held_handler(entered, release)));
+        test::Signal entered(ex, 2), release(ex, 2), long_done(ex, 1);
+        REQUIRE(g[1]->register_handler("held", test::held_handler(entered, release)));
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("long"), 5),
                        [&](std::exception_ptr, Result<Message> r) { long_done.try_send(std::error_code{}, r ? 1 : 0); });
         co_await entered.async_receive(asio::use_awaitable);  // the 5 s deadline is registered
@@ -346,8 +345,8 @@ TEST_CASE("a caller cancelled while waiting gets cancelled at once; the late rep
         auto g = co_await test::make_group(2);
         test::register_echo(g);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1);
-        REQUIRE(g[1]->register_handler("held", held_handler(entered, release)));
+        test::Signal entered(ex, 1), release(ex, 1);
+        REQUIRE(g[1]->register_handler("held", test::held_handler(entered, release)));
         // No rpc timeout (0): only the caller's own deadline (per-operation cancellation) ends it.
         const auto t0 = Clock::now();
         auto call = g[0]->rpc_async("worker1", "held", test::text_message("late"), 0);
@@ -370,18 +369,23 @@ TEST_CASE("graceful shutdown lets calls in flight finish", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 1);
-        REQUIRE(g[1]->register_handler("slow", [&entered](WorkerInfo, Message m) -> Task<Result<Message>> {
-            entered.try_send(std::error_code{}, 0);
-            co_await test::sleep_for(200ms);  // still running when both shutdowns begin
-            co_return m;
-        }));
+        test::Signal entered(ex, 1), release(ex, 1), down(ex, 1);
+        REQUIRE(g[1]->register_handler("slow", test::held_handler(entered, release)));
         std::optional<Result<Message>> in_flight;
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "slow", test::text_message("finish me")),
                        [&](std::exception_ptr, Result<Message> r) { in_flight = std::move(r); });
         co_await entered.async_receive(asio::use_awaitable);  // the call is in the handler
-        auto results = co_await test::shutdown_all(g);
-        for (auto& s : results) CHECK(s);
+        std::vector<Result<void>> results;
+        asio::co_spawn(ex, test::shutdown_all(g), [&](std::exception_ptr, std::vector<Result<void>> r) {
+            results = std::move(r);
+            down.try_send(std::error_code{}, 0);
+        });
+        co_await asio::post(ex, asio::use_awaitable);  // both shutdowns have begun
+        CHECK_FALSE(in_flight);                        // and wait for the call in the handler
+        release.try_send(std::error_code{}, 0);
+        co_await down.async_receive(asio::use_awaitable);
+        REQUIRE(results.size() == 2);
+        for (auto& r : results) CHECK(r);
         REQUIRE(in_flight);
         REQUIRE(*in_flight);
         CHECK((*in_flight)->payload == bytes("finish me"));
@@ -394,8 +398,8 @@ TEST_CASE("a local shutdown ends pending calls with shutdown", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         auto ex = co_await asio::this_coro::executor;
-        detail::Channel<void(std::error_code, int)> entered(ex, 1), release(ex, 1), finished(ex, 1);
-        REQUIRE(g[1]->register_handler("never", held_handler(entered, release)));
+        test::Signal entered(ex, 1), release(ex, 1), finished(ex, 1);
+        REQUIRE(g[1]->register_handler("never", test::held_handler(entered, release)));
         std::optional<Result<Message>> pending;
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "never", {}, 0), [&](std::exception_ptr, Result<Message> r) {
             pending = std::move(r);
@@ -484,7 +488,7 @@ TEST_CASE("in-process echo latency, calls per second and tensor bandwidth", "[.p
         WARN("echo p50 " << rtt[rtt.size() / 2] << " us, p99 " << rtt[rtt.size() * 99 / 100] << " us");
         for (int depth : {1, 16, 128}) {
             long total = 100000, issued = 0, finished = 0;
-            detail::Channel<void(std::error_code, int)> done(ex, 1);
+            test::Signal done(ex, 1);
             auto t0 = Clock::now();
             std::function<void()> issue;
             issue = [&] {

@@ -100,4 +100,18 @@ inline void register_echo(AgentGroup& g) {
     }
 }
 
+/// An event for tests: try_send(std::error_code{}, n) signals, async_receive awaits.
+using Signal = detail::Channel<void(std::error_code, int)>;
+
+/// A handler that signals `entered`, then holds the call until `release` is signalled.
+inline RpcHandler held_handler(Signal& entered, Signal& release) {
+    return [&entered, &release](WorkerInfo, Message m) -> Task<Result<Message>> {
+        entered.try_send(std::error_code{}, 0);
+        auto [ec, unused] = co_await release.async_receive(detail::use_nothrow);
+        (void)ec;
+        (void)unused;
+        co_return m;
+    };
+}
+
 }  // namespace tensorplay::test
