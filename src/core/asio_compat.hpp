@@ -7,7 +7,16 @@
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <typeinfo>
+
 namespace tensorplay::detail {
+
+/// The executor inside `ex` when it is exactly a `T`, else null. (Asio 1.22's any_executor::target<T>()
+/// casts without checking the type.)
+template <class T, class AnyExecutor>
+const T* target_of(const AnyExecutor& ex) noexcept {
+    return ex && ex.target_type() == typeid(T) ? ex.template target<T>() : nullptr;
+}
 
 /// Completion token for library I/O: `auto [ec, n] = co_await sock.async_read_some(buf, use_nothrow);`
 /// Never throws; convert `ec` with from_error_code.

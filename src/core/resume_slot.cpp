@@ -1,7 +1,18 @@
 // SlotRegistry: destroys the waiters still parked in ResumeSlots when their event loop goes.
 #include "core/resume_slot.hpp"
 
+#include <asio/detail/thread_context.hpp>
+#include <asio/detail/thread_info_base.hpp>
+
 namespace tensorplay::detail {
+
+void* recycled_allocate(std::size_t size) {
+    return asio::detail::thread_info_base::allocate(asio::detail::thread_context::top_of_thread_call_stack(), size);
+}
+
+void recycled_free(void* p, std::size_t size) noexcept {
+    asio::detail::thread_info_base::deallocate(asio::detail::thread_context::top_of_thread_call_stack(), p, size);
+}
 
 asio::execution_context::id SlotRegistry::id;
 

@@ -12,16 +12,53 @@
 #include <asio/error.hpp>
 #include <asio/execution/context.hpp>
 #include <asio/execution_context.hpp>
+#include <asio/io_context.hpp>
 #include <asio/post.hpp>
+
+#include "core/asio_compat.hpp"
 #include <asio/query.hpp>
 
 #include <atomic>
 #include <memory>
+#include <typeinfo>
 #include <mutex>
 #include <system_error>
 #include <utility>
 
 namespace tensorplay::detail {
+
+/// Runs `h(args...)` now when its executor is an io_context running on this thread, else through
+/// asio::dispatch (which, for the same case, would first wrap the handler in one more allocation).
+template <class Handler, class... Args>
+void resume_in_place(Handler&& h, Args... args) {
+    auto ex = asio::get_associated_executor(h);
+    if (auto* io = target_of<asio::io_context::executor_type>(ex); io && io->running_in_this_thread()) {
+        std::move(h)(args...);
+        return;
+    }
+    asio::dispatch(ex, [h = std::move(h), args...]() mutable { std::move(h)(args...); });
+}
+
+/// Memory for a waiter or an operation from the thread's recycling cache (Asio's own operations
+/// use it too); `size` must match between the two calls.
+void* recycled_allocate(std::size_t size);
+void recycled_free(void* p, std::size_t size) noexcept;
+
+/// A standard allocator over the same cache: for the nodes of containers that gain and lose an
+/// entry on every call (a call's pending entry, its deadline).
+template <class T>
+struct RecyclingAllocator {
+    using value_type = T;
+    RecyclingAllocator() = default;
+    template <class U>
+    RecyclingAllocator(const RecyclingAllocator<U>&) noexcept {}
+    T* allocate(std::size_t n) { return static_cast<T*>(recycled_allocate(n * sizeof(T))); }
+    void deallocate(T* p, std::size_t n) noexcept { recycled_free(p, n * sizeof(T)); }
+    template <class U>
+    friend bool operator==(const RecyclingAllocator&, const RecyclingAllocator<U>&) noexcept {
+        return true;
+    }
+};
 
 class ResumeSlot;
 
@@ -68,7 +105,7 @@ public:
     explicit ResumeSlot(Untracked) : tracked_(false) {}
     ResumeSlot(const ResumeSlot&) = delete;
     ResumeSlot& operator=(const ResumeSlot&) = delete;
-    ~ResumeSlot() { delete take().release(); }
+    ~ResumeSlot() { take(); }
 
     /// True while a waiter is parked here.
     [[nodiscard]] bool waiting() const noexcept { return waiter_.load(std::memory_order_acquire) != nullptr; }
@@ -88,9 +125,9 @@ public:
             [this](auto handler, Start go) {
                 using H = decltype(handler);
                 if (tracked_ && !registry_) registry_ = &SlotRegistry::of(asio::get_associated_executor(handler));
-                auto w = std::make_unique<Waiter<H>>(std::move(handler), this);
+                auto* w = Waiter<H>::create(std::move(handler), this);
                 if (tracked_) registry_->add(this);
-                waiter_.store(w.release(), std::memory_order_release);
+                waiter_.store(w, std::memory_order_release);
                 go();
             },
             token, std::move(start));
@@ -116,16 +153,23 @@ public:
     }
 
     /// Destroys the waiter without resuming it (Asio unwinds its coroutine through its executor).
-    void abandon() { delete take().release(); }
+    void abandon() { take(); }
 
 private:
     friend class SlotRegistry;
 
     struct WaiterBase {
-        virtual ~WaiterBase() = default;
         virtual void resume(std::error_code ec) = 0;
         virtual void resume_later(std::error_code ec) = 0;
+        virtual void destroy() noexcept = 0;
+
+    protected:
+        ~WaiterBase() = default;
     };
+    struct Destroy {
+        void operator()(WaiterBase* w) const noexcept { w->destroy(); }
+    };
+    using WaiterPtr = std::unique_ptr<WaiterBase, Destroy>;
 
     template <class H>
     struct Waiter final : WaiterBase {
@@ -133,12 +177,24 @@ private:
             auto cs = asio::get_associated_cancellation_slot(handler);
             if (cs.is_connected()) cs.template emplace<Canceller>(owner);
         }
+        static Waiter* create(H&& h, ResumeSlot* owner) {
+            void* mem = recycled_allocate(sizeof(Waiter));
+            try {
+                return new (mem) Waiter(std::move(h), owner);
+            } catch (...) {
+                recycled_free(mem, sizeof(Waiter));
+                throw;
+            }
+        }
+        void destroy() noexcept override {
+            this->~Waiter();
+            recycled_free(this, sizeof(Waiter));
+        }
         void resume(std::error_code ec) override {
             // Our canceller goes first: the slot that holds it may be gone before the waiter runs.
             auto cs = asio::get_associated_cancellation_slot(handler);
             if (cs.is_connected()) cs.clear();
-            auto ex = asio::get_associated_executor(handler);
-            asio::dispatch(ex, [h = std::move(handler), ec]() mutable { std::move(h)(ec); });
+            resume_in_place(std::move(handler), ec);
         }
         void resume_later(std::error_code ec) override {
             auto ex = asio::get_associated_executor(handler);
@@ -158,8 +214,8 @@ private:
     };
 
     /// Removes the waiter (and this slot from the registry's list); one taker wins.
-    std::unique_ptr<WaiterBase> take() {
-        std::unique_ptr<WaiterBase> w(waiter_.exchange(nullptr, std::memory_order_acq_rel));
+    WaiterPtr take() {
+        WaiterPtr w(waiter_.exchange(nullptr, std::memory_order_acq_rel));
         if (w && linked_) registry_->remove(this);
         return w;
     }

@@ -1,6 +1,8 @@
 // Runtime: an owned or adopted io_context plus a thread pool for blocking handlers.
 #include <tensorplay/core/runtime.hpp>
 
+#include "core/asio_compat.hpp"
+
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/thread_pool.hpp>
@@ -51,7 +53,7 @@ bool Runtime::running_in_this_thread() const noexcept {
     if (impl_->pool.get_executor().running_in_this_thread()) return true;
     if (impl_->owned_context) return impl_->owned_context->get_executor().running_in_this_thread();
     // An adopted executor: when it belongs to an io_context we can still tell.
-    if (auto* io = impl_->executor.target<asio::io_context::executor_type>()) return io->running_in_this_thread();
+    if (auto* io = detail::target_of<asio::io_context::executor_type>(impl_->executor)) return io->running_in_this_thread();
     return false;
 }
 

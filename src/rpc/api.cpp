@@ -5,6 +5,8 @@
 #include <tensorplay/store/rendezvous.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/asio_compat.hpp"
+
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -90,11 +92,13 @@ Result<T> block_on_executor(const Executor& ex, Task<Result<T>> task, std::strin
 
 bool running_in_executor(const Executor& ex) noexcept {
     if (!ex) return false;
-    if (auto* io = ex.target<asio::io_context::executor_type>()) return io->running_in_this_thread();
-    if (auto* s = ex.target<asio::strand<asio::io_context::executor_type>>())
+    if (auto* io = detail::target_of<asio::io_context::executor_type>(ex)) return io->running_in_this_thread();
+    if (auto* s = detail::target_of<asio::strand<asio::io_context::executor_type>>(ex))
         return s->get_inner_executor().running_in_this_thread();
-    if (auto* p = ex.target<asio::thread_pool::executor_type>()) return p->running_in_this_thread();
-    if (auto* s = ex.target<asio::strand<Executor>>()) return running_in_executor(s->get_inner_executor());
+    if (auto* p = detail::target_of<asio::thread_pool::executor_type>(ex)) return p->running_in_this_thread();
+    if (auto* s = detail::target_of<asio::strand<asio::thread_pool::executor_type>>(ex))
+        return s->get_inner_executor().running_in_this_thread();
+    if (auto* s = detail::target_of<asio::strand<Executor>>(ex)) return running_in_executor(s->get_inner_executor());
     return false;
 }
 

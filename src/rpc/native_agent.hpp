@@ -44,7 +44,8 @@ struct PendingCall {
     bool signalled = false;
     std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
     const Connection* conn = nullptr;       ///< the connection the request went out on
-    std::multimap<Clock::time_point, PendingCall*>::iterator deadline;
+    std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
+                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>::iterator deadline;
     bool has_deadline = false;
 
     void signal() {
@@ -75,7 +76,9 @@ struct PeerLink {
     std::uint16_t port = 0;
     std::shared_ptr<Connection> conn;
     std::shared_ptr<asio::steady_timer> connecting;  ///< set while a connect runs; cancelled when done
-    std::unordered_map<std::uint64_t, PendingCall*> pending;
+    std::unordered_map<std::uint64_t, PendingCall*, std::hash<std::uint64_t>, std::equal_to<std::uint64_t>,
+                       RecyclingAllocator<std::pair<const std::uint64_t, PendingCall*>>>
+        pending;
     std::optional<Error> last_connect_error;
     DeviceMap map;      ///< my device -> its device (device_maps[to])
     DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
@@ -126,7 +129,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::size_t outstanding = 0;                  // calls of this worker awaiting replies
     /// Deadlines of pending calls; one timer fires at the earliest (re-armed only when a new
     /// deadline is earlier, which with one common timeout is almost never).
-    std::multimap<Clock::time_point, PendingCall*> deadlines;
+    std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
+                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>
+        deadlines;
     asio::steady_timer sweep_timer;
     Clock::time_point sweep_at = Clock::time_point::max();
     bool sweeping = false;

@@ -68,7 +68,7 @@ Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Mes
     }
 }
 
-void on_reply(PeerLink& peer, Frame f) {
+void on_reply(PeerLink& peer, Frame& f) {
     auto it = peer.pending.find(f.id);
     if (it == peer.pending.end()) {
         // The call timed out or was cancelled: its late reply is dropped.
@@ -86,49 +86,56 @@ void on_reply(PeerLink& peer, Frame f) {
     }
 }
 
-Task<void> serve(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame req) {
-    WorkerInfo caller{conn->peer().name, conn->peer().rank};
+/// Reply tensors go back through the reverse of the caller's map; fills `resp.targets`.
+Result<void> route_reply_tensors(const AgentCore& core, const WorkerInfo& caller, const std::vector<Tensor>& tensors,
+                                 std::vector<Device>& targets) {
+    const DeviceMap* reverse = nullptr;
+    if (caller.id >= 0 && caller.id < static_cast<int>(core.peers.size()) && core.workers[caller.id].name == caller.name)
+        reverse = &core.peers[caller.id].reverse;
+    targets.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Tensor& t = tensors[i];
+        if (!t.defined()) return fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", core.self.name);
+        Device d = t.device();
+        if (reverse) {
+            if (auto m = reverse->find(d); m != reverse->end()) {
+                targets.push_back(m->second);
+                continue;
+            }
+        }
+        if (d.is_cpu()) {
+            targets.push_back(Device::cpu());
+            continue;
+        }
+        return fail(Errc::device_error,
+                    "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which has no device map back to worker \"" +
+                        caller.name + "\" (worker \"" + caller.name + "\" maps none of its devices to it)",
+                    core.self.name);
+    }
+    return ok();
+}
+
+/// Serves one request (the worker's) and sends the reply.
+Task<void> serve(ServeWorker& w) {
+    AgentCore& core = *w.core;
+    Connection& conn = *w.conn;
+    Frame& req = *w.request;
+    WorkerInfo caller{conn.peer().name, conn.peer().rank};
     Frame resp;
     resp.id = req.id;
-    // No co_await inside a conditional expression: GCC 12 destroys its temporaries twice.
-    Result<Message> r = fail(Errc::internal, "unset");
+    resp.kind = FrameKind::response;
+    Result<Message> r;
     if (req.alloc_error) {
         r = fail(std::move(*req.alloc_error));
     } else {
-        Message request;
-        request.payload = std::move(req.payload);
-        request.tensors = std::move(req.tensors);
-        r = co_await core->run_handler(caller, std::move(req.name), std::move(request));
+        Message request{std::move(req.payload), std::move(req.tensors)};
+        auto t = core.run_handler(caller, std::move(req.name), std::move(request));  // (GCC 12: not inside co_await)
+        r = co_await std::move(t);
+    }
+    if (r && !r->tensors.empty()) {
+        if (auto routed = route_reply_tensors(core, caller, r->tensors, resp.targets); !routed) r = fail(std::move(routed).error());
     }
     if (r) {
-        // Reply tensors go back through the reverse of the caller's map.
-        auto it = core->rank_of.find(caller.name);
-        const DeviceMap* reverse = it != core->rank_of.end() ? &core->peers[it->second].reverse : nullptr;
-        for (std::size_t i = 0; i < r->tensors.size() && r; ++i) {
-            const Tensor& t = r->tensors[i];
-            if (!t.defined()) {
-                r = fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", core->self.name);
-                break;
-            }
-            Device d = t.device();
-            if (reverse) {
-                if (auto m = reverse->find(d); m != reverse->end()) {
-                    resp.targets.push_back(m->second);
-                    continue;
-                }
-            }
-            if (d.is_cpu()) {
-                resp.targets.push_back(Device::cpu());
-                continue;
-            }
-            r = fail(Errc::device_error,
-                     "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which has no device map back to worker \"" +
-                         caller.name + "\" (worker \"" + caller.name + "\" maps none of its devices to it)",
-                     core->self.name);
-        }
-    }
-    if (r) {
-        resp.kind = FrameKind::response;
         resp.payload = std::move(r->payload);
         resp.tensors = std::move(r->tensors);
     } else {
@@ -137,8 +144,8 @@ Task<void> serve(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> co
         resp.payload = encode_error(r.error());
     }
     // Flush now unless more requests are already buffered: their replies then share one write.
-    const bool flush = !conn->input_pending();
-    if (auto s = conn->send(std::move(resp), flush); !s)
+    const bool flush = !conn.input_pending();
+    if (auto s = conn.send(std::move(resp), flush); !s)
         log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + s.error().to_string());
 }
 
@@ -162,7 +169,7 @@ Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection
         if (f->kind == FrameKind::request) {
             core->serve_request(conn, std::move(*f));
         } else if (rank >= 0) {
-            on_reply(core->peers[rank], std::move(*f));
+            on_reply(core->peers[rank], *f);
         } else {
             conn->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request"));
         }
@@ -178,12 +185,9 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
     w.conn = std::move(conn);
     w.request = std::move(first);
     for (;;) {
-        {
-            // Built before the co_await: GCC 12 mishandles by-value temporaries inside it.
-            auto t = serve(w.core, std::move(w.conn), std::move(*w.request));
-            w.request.reset();
-            co_await std::move(t);
-        }
+        co_await serve(w);
+        w.request.reset();
+        w.conn.reset();
         if (!w.core->park(w)) break;
         auto [ec] = co_await w.wake.async_wait(use_nothrow);
         if (ec || !w.request) break;  // woken to exit (the agent closed)
@@ -355,6 +359,15 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
 
 Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
     auto keep = shared_from_this();
+    if (auto current = co_await asio::this_coro::executor; current != ex) {
+        // Called from another executor: run on the agent's (a child coroutine there).
+        try {
+            auto t = call(std::move(to), std::move(handler), std::move(message), timeout_sec);
+            co_return co_await asio::co_spawn(ex, std::move(t), asio::use_awaitable);
+        } catch (...) {
+            co_return fail(error_from_current_exception("agent"));
+        }
+    }
     if (state == State::closed || state == State::draining)
         co_return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
     auto it = rank_of.find(to);
@@ -449,12 +462,14 @@ Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name
     if (!h) co_return fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
                                  self.name));
     ++h->running;
-    Result<Message> r = fail(Errc::internal, "handler did not run");
+    Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
     try {
         if (h->coro) {
-            r = co_await h->coro(caller, std::move(message));
+            auto t = h->coro(std::move(caller), std::move(message));
+            r = co_await std::move(t);
         } else {
-            r = co_await asio::co_spawn(worker_pool(), run_blocking(h->blocking, caller, std::move(message)), asio::use_awaitable);
+            r = co_await asio::co_spawn(worker_pool(), run_blocking(h->blocking, std::move(caller), std::move(message)),
+                                        asio::use_awaitable);
         }
     } catch (...) {
         r = fail(error_from_current_exception("handler \"" + name + "\""));
@@ -537,7 +552,7 @@ Task<Result<void>> NativeAgent::unregister_handler(std::string name) {
 }
 
 Task<Result<Message>> NativeAgent::rpc_async(std::string to, std::string handler, Message message, double timeout_sec) {
-    return on_core(core_, core_->call(std::move(to), std::move(handler), std::move(message), timeout_sec));
+    return core_->call(std::move(to), std::move(handler), std::move(message), timeout_sec);  // (it hops itself)
 }
 
 Task<Result<void>> NativeAgent::shutdown(bool graceful, double timeout_sec) {

@@ -72,10 +72,9 @@ Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
             lane->in_begin = 0;
         }
         if (lane->in.size() < std::max(n, lane->in_end + 4096)) lane->in.resize(std::max(n, lane->in_end + 16384));
-        auto r = co_await edge_read_some(lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end),
-                                      lane->edge);
-        const std::error_code ec = r.ec;
-        lane->in_end += r.n;
+        auto [ec, got] = co_await async_edge_read(
+            lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end), lane->edge, use_nothrow);
+        lane->in_end += got;
         if (ec) {
             auto e = from_error_code(ec, "reading from the store at " + *where);
             if (e.code() == Errc::cancelled) e = Error(Errc::connection_lost, e.message(), {}, ec);

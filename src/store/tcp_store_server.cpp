@@ -115,10 +115,8 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
         if (c->in_end - c->in_begin < need || c->in_begin == c->in_end) {
             reserve_input(*c, need);
             // (a read that empties the socket tells the reactor so: no EAGAIN read before the next wait)
-            auto got = co_await detail::edge_read_some(c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end),
-                                              c->edge);
-            const std::error_code ec = got.ec;
-            const std::size_t n = got.n;
+            auto [ec, n] = co_await detail::async_edge_read(
+                c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end), c->edge, detail::use_nothrow);
             if (ec || c->closed) {
                 if (!c->closed && ec != asio::error::eof && ec != asio::error::operation_aborted)
                     log(LogLevel::debug, "store", "read from " + c->peer + " failed: " + ec.message());

@@ -31,6 +31,8 @@ namespace detail {
 
 namespace {
 constexpr std::size_t kReadBufferSize = 256 * 1024;
+/// A flushed frame with at most this many tensors may be written by send() itself.
+constexpr std::size_t kDirectSendTensors = 14;
 /// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
 constexpr std::size_t kDirectReadMin = 32 * 1024;
 
@@ -100,6 +102,7 @@ struct ConnectionState {
     EdgeReadState edge;
 
     std::vector<OutFrame> queue, batch;
+    Bytes scratch;                  ///< the head of a frame sent directly (send_direct)
     std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
     bool writing = false;           ///< the writer is between taking a batch and finishing its write
     std::vector<asio::const_buffer> bufs;
@@ -164,6 +167,42 @@ struct ConnectionState {
         wake.cancel();
     }
 
+    /// Writes `frame` (head in `scratch`) with one non-blocking sendmsg; queues what the socket
+    /// did not take for the writer. The queue must be empty and no write in progress.
+    Result<void> send_direct(Frame& frame, bool payload_inline) {
+        iovec v[2 + kDirectSendTensors];
+        std::size_t cnt = 0, total = 0;
+        auto add = [&](const void* p, std::size_t n) {
+            if (n == 0) return;
+            v[cnt++] = iovec{const_cast<void*>(p), n};
+            total += n;
+        };
+        add(scratch.data(), scratch.size());
+        if (!payload_inline) add(frame.payload.data(), frame.payload.size());
+        for (auto& t : frame.tensors) add(t.data(), t.nbytes());
+        msghdr msg{};
+        msg.msg_iov = v;
+        msg.msg_iovlen = cnt;
+        ssize_t n;
+        do n = ::sendmsg(socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        ++stats.writes;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            close(from_error_code(std::error_code(errno, asio::error::get_system_category()), "writing to " + who())
+                      .on_worker(peer.name));
+            return fail(closed_error());
+        }
+        const std::size_t written = n < 0 ? 0 : static_cast<std::size_t>(n);
+        if (written == total) {
+            ++stats.frames_sent;
+            return ok();
+        }
+        queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)});
+        queue_written = written;
+        wake.cancel();
+        return ok();
+    }
+
     /// Fails the connection with `e` (the stream cannot be trusted any more) and returns it.
     Error broken(Error e) {
         close(e);
@@ -182,9 +221,7 @@ struct ConnectionState {
         while (rend - rbeg < n) {
             if (!open) co_return fail(closed_error());
             // (a read that empties the socket tells the reactor so: no EAGAIN read next time)
-            auto got = co_await edge_read_some(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge);
-            const std::error_code ec = got.ec;
-            const std::size_t k = got.n;
+            auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, use_nothrow);
             ++stats.reads;
             if (ec) {
                 if (!open) co_return fail(closed_error());
@@ -211,17 +248,16 @@ struct ConnectionState {
             // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
             // between chunks.
             while (n > 0) {
-                auto got = co_await edge_read_some(socket, asio::buffer(dst, n), edge);
+                auto [ec, k] = co_await async_edge_read(socket, asio::buffer(dst, n), edge, use_nothrow);
                 ++stats.reads;
-                if (got.ec) {
+                if (ec) {
                     if (!open) co_return fail(closed_error());
                     co_return fail(broken(Error(Errc::connection_lost,
-                                                "connection to " + who() + " lost in the middle of a frame: " +
-                                                    got.ec.message(),
-                                                peer.name, got.ec)));
+                                                "connection to " + who() + " lost in the middle of a frame: " + ec.message(),
+                                                peer.name, ec)));
                 }
-                dst += got.n;
-                n -= got.n;
+                dst += k;
+                n -= k;
             }
             co_return ok();
         }
@@ -245,9 +281,74 @@ struct ConnectionState {
 
     /// Reads one frame; `keep` holds this state for the read. The buffered cases skip the nested
     /// coroutines (each co_await of one is a frame allocation and a trip through Asio's pump).
+    enum class Parse { frame, more, general, bad };
+
+    /// The common case without waiting: a whole frame without tensors in the buffer. `more`: read
+    /// first (the buffer has room for the whole frame); `general`: read_frame's general path.
+    Parse parse_buffered(Frame& f, std::optional<Error>& err) {
+        const std::size_t avail = rend - rbeg;
+        std::size_t need = kFrameHeaderSize;
+        if (avail >= kFrameHeaderSize) {
+            auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
+            if (!h) {
+                err = broken(std::move(h).error().context("frame from " + who()).on_worker(peer.name));
+                return Parse::bad;
+            }
+            const std::uint64_t body = std::uint64_t(h->meta_len) + h->payload_len;
+            if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
+            need += body;
+            if (avail >= need) {
+                auto meta = decode_frame_meta({rbuf.data() + rbeg + kFrameHeaderSize, h->meta_len}, limits);
+                if (!meta) {
+                    err = broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name));
+                    return Parse::bad;
+                }
+                if (!meta->tensors.empty()) return Parse::general;
+                const std::uint8_t* payload = rbuf.data() + rbeg + kFrameHeaderSize + h->meta_len;
+                f.kind = h->kind;
+                f.id = h->id;
+                f.name = std::move(meta->name);
+                f.payload.assign(payload, payload + h->payload_len);
+                rbeg += need;
+                if (rbeg == rend) rbeg = rend = 0;
+                ++stats.frames_received;
+                return Parse::frame;
+            }
+        }
+        if (rbuf.size() - rbeg < need) {  // make room for the whole frame
+            std::memmove(rbuf.data(), rbuf.data() + rbeg, avail);
+            rend = avail;
+            rbeg = 0;
+        }
+        return Parse::more;
+    }
+
+    /// Reads one frame; `keep` holds this state for the read. Frames without tensors that fit the
+    /// buffer are read with one reactor operation per socket read, awaited here, and parsed in
+    /// place; the general path (tensors, large payloads) reads through fill/read_into.
     Task<Result<Frame>> read_frame(std::shared_ptr<ConnectionState> keep) {
         (void)keep;
-        if (!open) co_return fail(closed_error());
+        for (;;) {
+            if (!open) co_return fail(closed_error());
+            Frame f;
+            std::optional<Error> err;
+            const Parse p = parse_buffered(f, err);
+            if (p == Parse::frame) co_return f;
+            if (p == Parse::bad) co_return fail(std::move(*err));
+            if (p == Parse::general) break;
+            auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, use_nothrow);
+            ++stats.reads;
+            if (ec) {
+                if (!open) co_return fail(closed_error());
+                if (ec == asio::error::eof && rend > rbeg)
+                    co_return fail(broken(Error(Errc::connection_lost,
+                                                "connection to " + who() + " closed in the middle of a frame (" +
+                                                    std::to_string(rend - rbeg) + " bytes of it read)",
+                                                peer.name, ec)));
+                co_return fail(broken(from_error_code(ec, "reading from " + who()).on_worker(peer.name)));
+            }
+            rend += k;
+        }
         if (rend - rbeg < kFrameHeaderSize)
             if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
         auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
@@ -446,9 +547,17 @@ Result<void> Connection::send(Frame frame, bool flush) {
     auto& s = *state_;
     if (!s.open) return fail(s.closed_error());
     bool inl = false;
-    auto head = detail::encode_frame_head(frame, s.limits, inl);
-    if (!head) return fail(std::move(head).error().context("sending to " + s.who()));
-    detail::OutFrame out{std::move(*head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
+    // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
+    // buffer; only a rest the socket does not take is queued for the writer.
+    if (flush && !s.writing && s.queue.empty() && frame.tensors.size() <= detail::kDirectSendTensors) {
+        if (auto h = detail::encode_frame_head(frame, s.limits, s.scratch, inl); !h)
+            return fail(std::move(h).error().context("sending to " + s.who()));
+        return s.send_direct(frame, inl);
+    }
+    Bytes head;
+    if (auto h = detail::encode_frame_head(frame, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
     bool was_empty = s.queue.empty();
     s.queue.push_back(std::move(out));
     // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.

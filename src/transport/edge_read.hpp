@@ -1,21 +1,32 @@
-// edge_read_some: a socket read that lets Asio's epoll reactor skip the next speculative read.
+// async_edge_read: a socket read that lets Asio's epoll reactor skip the next speculative read.
 #pragma once
 
-#include <tensorplay/core/task.hpp>
-
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
 #include <asio/buffer.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/version.hpp>
+
+#include "core/resume_slot.hpp"
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <system_error>
+#include <utility>
+
+#if defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT) && ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
+#define TP_EDGE_READ 1
+#include <asio/detail/reactor.hpp>
+#include <asio/detail/reactor_op.hpp>
+#else
+#define TP_EDGE_READ 0
+#endif
 
 namespace tensorplay::detail {
-
-struct ReadOutcome {
-    std::error_code ec;
-    std::size_t n = 0;
-};
 
 /// Per-socket state of edge reads. Keep one per socket, next to it.
 struct EdgeReadState {
@@ -30,17 +41,112 @@ struct EdgeReadState {
     int inq_fd = -1;          ///< the descriptor TCP_INQ was turned on for
 };
 
-/// Reads what is there (at least one byte, at most buf.size()), like async_read_some.
+#if TP_EDGE_READ
+namespace edge {
+
+/// The untyped part of the operation: the read itself (recvmsg + TCP_INQ), in edge_read.cpp.
+struct OpBase : asio::detail::reactor_op {
+    OpBase(func_type complete, int fd_, asio::mutable_buffer b, const EdgeReadState& st)
+        : reactor_op(asio::error_code(), &perform, complete), fd(fd_), buf(b), state(&st) {}
+    static status perform(asio::detail::reactor_op* base);
+    int fd;
+    asio::mutable_buffer buf;
+    const EdgeReadState* state;  // next to the socket: valid while the socket is open
+};
+
+/// Cancels the read through the reactor (terminal, partial or total), as Asio's own reads do.
+struct Canceller {
+    asio::detail::reactor* reactor;
+    asio::detail::reactor::per_descriptor_data* data;
+    int fd;
+    void operator()(asio::cancellation_type type);
+};
+
+/// Owned by the reactor from start_op until its completion, or its destruction with the event
+/// loop (`owner` null), which destroys the handler (and so the parked coroutine) with it.
+template <class Handler>
+struct Op final : OpBase {
+    Op(Handler&& h, int fd_, asio::mutable_buffer b, const EdgeReadState& st)
+        : OpBase(&complete, fd_, b, st), handler(std::move(h)) {}
+
+    static Op* create(Handler&& h, int fd_, asio::mutable_buffer b, const EdgeReadState& st) {
+        void* mem = recycled_allocate(sizeof(Op));
+        try {
+            return new (mem) Op(std::move(h), fd_, b, st);
+        } catch (...) {
+            recycled_free(mem, sizeof(Op));
+            throw;
+        }
+    }
+    static void destroy(Op* o) noexcept {
+        o->~Op();
+        recycled_free(o, sizeof(Op));
+    }
+
+    static void complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
+        auto* o = static_cast<Op*>(base);
+        if (!owner) {
+            destroy(o);
+            return;
+        }
+        Handler h(std::move(o->handler));
+        const std::error_code ec = o->ec_;
+        const std::size_t n = o->bytes_transferred_;
+        destroy(o);
+        // Our canceller goes first: it names this operation, which is gone.
+        if (auto cs = asio::get_associated_cancellation_slot(h); cs.is_connected()) cs.clear();
+        resume_in_place(std::move(h), ec, n);  // the reactor's completion runs inside the event loop
+    }
+
+    Handler handler;
+};
+
+/// The socket's reactor registration; prepares `state` (TCP_INQ, the reactor) on first use.
+struct Registration {
+    asio::detail::reactor* reactor;
+    asio::detail::reactor::per_descriptor_data* data;
+    int fd;
+};
+Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
+
+}  // namespace edge
+#endif
+
+/// Reads what is there (at least one byte, at most buf.size()), like async_read_some, completing
+/// with (error_code, bytes).
 ///
 /// Asio 1.22's epoll reactor registers sockets edge-triggered and tries a read before every wait,
 /// unless the last read on the socket reported it drained, which its own reads do only at EOF. On
 /// a request/reply connection that speculative read always fails with EAGAIN: one wasted system
 /// call per message. This read asks the kernel how many bytes remain (TCP_INQ, which also counts
 /// a pending FIN) and reports a drained socket as such, so that the reactor's next read waits for
-/// readiness first. The reactor records every readiness edge that arrives meanwhile.
+/// readiness first. The reactor records every readiness edge that arrives meanwhile. A handler
+/// whose event loop is the one completing the read is resumed in place.
 ///
-/// Elsewhere (io_uring builds) it is plain async_read_some. Terminal cancellation only.
-[[nodiscard]] Task<ReadOutcome> edge_read_some(asio::ip::tcp::socket& socket, asio::mutable_buffer buf,
-                                              EdgeReadState& state);
+/// Elsewhere (io_uring builds, other Asio versions) it is plain async_read_some.
+template <class Token>
+auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, Token&& token) {
+#if TP_EDGE_READ
+    return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
+        [](auto handler, asio::ip::tcp::socket* sock, asio::mutable_buffer b, EdgeReadState* st) {
+            using H = decltype(handler);
+            if (b.size() == 0) {
+                auto ex = asio::get_associated_executor(handler, sock->get_executor());
+                asio::dispatch(ex, [h = std::move(handler)]() mutable { std::move(h)(std::error_code(), std::size_t(0)); });
+                return;
+            }
+            const auto reg = edge::prepare(*sock, *st);
+            auto cs = asio::get_associated_cancellation_slot(handler);
+            auto* op = edge::Op<H>::create(std::move(handler), reg.fd, b, *st);
+            if (cs.is_connected())
+                op->cancellation_key_ = &cs.template emplace<edge::Canceller>(edge::Canceller{reg.reactor, reg.data, reg.fd});
+            reg.reactor->start_op(asio::detail::reactor::read_op, reg.fd, *reg.data, op, false, true);
+        },
+        token, &socket, buf, &state);
+#else
+    (void)state;
+    return socket.async_read_some(buf, std::forward<Token>(token));
+#endif
+}
 
 }  // namespace tensorplay::detail

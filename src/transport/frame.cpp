@@ -4,6 +4,7 @@
 #include <tensorplay/core/wire.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 namespace tensorplay::detail {
@@ -11,11 +12,6 @@ namespace tensorplay::detail {
 namespace {
 
 constexpr std::uint8_t kMaxDType = static_cast<std::uint8_t>(DType::boolean);
-
-void put_device(WireWriter& w, Device d) {
-    w.u8(static_cast<std::uint8_t>(d.type));
-    w.u16(static_cast<std::uint16_t>(static_cast<std::int16_t>(d.index)));
-}
 
 Device get_device(WireReader& r, std::string_view what) {
     auto type = r.u8();
@@ -34,7 +30,38 @@ Device get_device(WireReader& r, std::string_view what) {
 
 }  // namespace
 
-Result<Bytes> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, bool& payload_inline) {
+namespace {
+
+/// Little-endian stores into a buffer sized beforehand (one store per field on x86, where the
+/// compiler folds the byte loop; WireWriter's push_back per byte cost a check per byte).
+struct Put {
+    std::uint8_t* p;
+    template <class U>
+    Put& le(U v) {
+        for (std::size_t i = 0; i < sizeof(U); ++i) *p++ = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
+        return *this;
+    }
+    Put& raw(const void* src, std::size_t n) {
+        if (n) std::memcpy(p, src, n);
+        p += n;
+        return *this;
+    }
+    Put& device(Device d) { return le(static_cast<std::uint8_t>(d.type)).le(static_cast<std::uint16_t>(static_cast<std::int16_t>(d.index))); }
+};
+
+template <class U>
+U get_le(const std::uint8_t* p) {
+    U v = 0;
+    for (std::size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(p[i]) << (8 * i));
+    return v;
+}
+
+/// Bytes of one tensor descriptor on the wire.
+std::size_t desc_size(const Tensor& t) { return 1 + 3 + 3 + 1 + 8 * t.shape().size() + 8; }
+
+}  // namespace
+
+Result<void> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, Bytes& out, bool& payload_inline) {
     if (frame.name.size() > limits.max_name_len)
         return fail(Errc::invalid_argument, "handler name of " + std::to_string(frame.name.size()) +
                                                 " bytes exceeds the limit of " + std::to_string(limits.max_name_len));
@@ -44,15 +71,7 @@ Result<Bytes> encode_frame_head(const Frame& frame, const ConnectionLimits& limi
     if (frame.payload.size() > limits.max_payload_bytes)
         return fail(Errc::invalid_argument, "payload of " + std::to_string(frame.payload.size()) +
                                                 " bytes exceeds the limit of " + std::to_string(limits.max_payload_bytes));
-    payload_inline = frame.payload.size() <= kInlinePayloadMax;
-    std::size_t reserve = kFrameHeaderSize + 8 + frame.name.size() + frame.tensors.size() * 64 +
-                          (payload_inline ? frame.payload.size() : 0);
-    Bytes buf;
-    buf.reserve(reserve);
-    WireWriter w(std::move(buf));
-    w.u16(kFrameMarker).u8(static_cast<std::uint8_t>(frame.kind)).u8(0).u32(0).u64(frame.id).u64(frame.payload.size());
-    w.str32(frame.name);
-    w.u32(static_cast<std::uint32_t>(frame.tensors.size()));
+    std::size_t meta_len = 4 + frame.name.size() + 4;
     std::size_t total = 0;
     for (std::size_t i = 0; i < frame.tensors.size(); ++i) {
         const Tensor& t = frame.tensors[i];
@@ -63,32 +82,40 @@ Result<Bytes> encode_frame_head(const Frame& frame, const ConnectionLimits& limi
         if (t.nbytes() > limits.max_tensor_bytes || total + t.nbytes() > limits.max_tensor_bytes)
             return fail(Errc::invalid_argument, "tensor bytes exceed the limit of " + std::to_string(limits.max_tensor_bytes));
         total += t.nbytes();
-        Device target = i < frame.targets.size() ? frame.targets[i] : t.device();
-        w.u8(static_cast<std::uint8_t>(t.dtype()));
-        put_device(w, t.device());
-        put_device(w, target);
-        w.u8(static_cast<std::uint8_t>(t.shape().size()));
-        for (auto d : t.shape()) w.i64(d);
-        w.u64(t.nbytes());
+        meta_len += desc_size(t);
     }
-    std::size_t meta_len = w.size() - kFrameHeaderSize;
     if (meta_len > limits.max_meta_bytes)
         return fail(Errc::invalid_argument, "frame metadata of " + std::to_string(meta_len) +
                                                 " bytes exceeds the limit of " + std::to_string(limits.max_meta_bytes));
-    w.patch_u32(4, static_cast<std::uint32_t>(meta_len));
-    if (payload_inline) w.raw(frame.payload);
-    return std::move(w).take();
+    payload_inline = frame.payload.size() <= kInlinePayloadMax;
+    out.resize(kFrameHeaderSize + meta_len + (payload_inline ? frame.payload.size() : 0));
+    Put w{out.data()};
+    w.le(kFrameMarker).le(static_cast<std::uint8_t>(frame.kind)).le(std::uint8_t{0});
+    w.le(static_cast<std::uint32_t>(meta_len)).le(frame.id).le(static_cast<std::uint64_t>(frame.payload.size()));
+    w.le(static_cast<std::uint32_t>(frame.name.size())).raw(frame.name.data(), frame.name.size());
+    w.le(static_cast<std::uint32_t>(frame.tensors.size()));
+    for (std::size_t i = 0; i < frame.tensors.size(); ++i) {
+        const Tensor& t = frame.tensors[i];
+        w.le(static_cast<std::uint8_t>(t.dtype())).device(t.device()).device(i < frame.targets.size() ? frame.targets[i] : t.device());
+        w.le(static_cast<std::uint8_t>(t.shape().size()));
+        for (auto d : t.shape()) w.le(static_cast<std::uint64_t>(d));
+        w.le(static_cast<std::uint64_t>(t.nbytes()));
+    }
+    if (payload_inline) w.raw(frame.payload.data(), frame.payload.size());
+    return ok();
 }
 
 Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
-    WireReader r(bytes.first(kFrameHeaderSize));
-    auto marker = r.u16();
-    auto kind = r.u8();
-    r.u8();  // flags, reserved
+    if (bytes.size() < kFrameHeaderSize)
+        return fail(Errc::protocol_error, "frame header of " + std::to_string(bytes.size()) + " bytes (needs " +
+                                              std::to_string(kFrameHeaderSize) + ")");
+    const std::uint8_t* p = bytes.data();
+    const auto marker = get_le<std::uint16_t>(p);
+    const auto kind = p[2];
     FrameHeader h;
-    h.meta_len = r.u32();
-    h.id = r.u64();
-    h.payload_len = r.u64();
+    h.meta_len = get_le<std::uint32_t>(p + 4);
+    h.id = get_le<std::uint64_t>(p + 8);
+    h.payload_len = get_le<std::uint64_t>(p + 16);
     if (marker != kFrameMarker)
         return fail(Errc::protocol_error, "bad frame marker 0x" + std::to_string(marker) + " (garbage on the stream?)");
     if (kind < 1 || kind > 3) return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
@@ -103,8 +130,17 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
 }
 
 Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
-    WireReader r(bytes);
     FrameMeta m;
+    // The common case, a frame without tensors: a name and a zero count, exactly.
+    if (bytes.size() >= 8) {
+        const std::size_t name_len = get_le<std::uint32_t>(bytes.data());
+        if (name_len <= limits.max_name_len && bytes.size() == 8 + name_len &&
+            get_le<std::uint32_t>(bytes.data() + 4 + name_len) == 0) {
+            m.name.assign(reinterpret_cast<const char*>(bytes.data() + 4), name_len);
+            return m;
+        }
+    }
+    WireReader r(bytes);
     m.name = std::string(r.str32(limits.max_name_len, "handler name"));
     auto count = r.u32();
     if (!r.failed() && count > limits.max_tensors)

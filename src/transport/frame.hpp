@@ -29,8 +29,10 @@ struct FrameMeta {
     std::vector<TensorDesc> tensors;
 };
 
-/// Encodes header + meta (+ the payload when it is small: `payload_inline` says so).
-[[nodiscard]] Result<Bytes> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, bool& payload_inline);
+/// Encodes header + meta (+ the payload when it is small: `payload_inline` says so) into `out`
+/// (resized to fit; its capacity is reused).
+[[nodiscard]] Result<void> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, Bytes& out,
+                                             bool& payload_inline);
 [[nodiscard]] Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 [[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 

@@ -9,8 +9,13 @@
 #include <tensorplay/core/runtime.hpp>
 #include <tensorplay/store/hash_store.hpp>
 
+#include <asio/post.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+
 #include <catch2/catch.hpp>
 
+#include <future>
 #include <thread>
 
 using namespace tensorplay;
@@ -143,6 +148,15 @@ TEST_CASE("running_in_executor tells the executor's threads from others", "[rpc]
         CHECK(running_in_executor(co_await asio::this_coro::executor));
         co_return;
     });
+    // A strand over a thread pool: told by its own type, not taken for an io_context's executor
+    // (Asio 1.22's any_executor::target<T>() does not check T).
+    asio::thread_pool pool(1);
+    const Executor strand = asio::make_strand(pool.get_executor());
+    CHECK_FALSE(running_in_executor(strand));
+    std::promise<bool> inside;
+    asio::post(strand, [&] { inside.set_value(running_in_executor(strand)); });
+    CHECK(inside.get_future().get());
+    pool.join();
 }
 
 TEST_CASE("init_rpc rendezvouses over tcp:// and a real agent answers typed calls to itself", "[rpc][api]") {
