@@ -150,6 +150,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
     // ---- native_agent_calls.cpp ----
     [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
+    /// Checks a call (agent running, worker known, tensors mapped) and fills `f`'s kind and tensor
+    /// targets: the rank it goes to.
+    [[nodiscard]] Result<int> prepare_request(const std::string& to, const Message& message, Frame& f) const;
+    [[nodiscard]] Task<Result<Message>> call_self(std::string to, std::string handler, Message message, double secs);
+    /// A call that ended without a reply: timed out (`wait_ec` clear) or cancelled.
+    [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
     [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;

@@ -357,19 +357,28 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     co_return std::move(*c);
 }
 
-Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
-    auto keep = shared_from_this();
-    if (auto current = co_await asio::this_coro::executor; current != ex) {
-        // Called from another executor: run on the agent's (a child coroutine there).
-        try {
-            auto t = call(std::move(to), std::move(handler), std::move(message), timeout_sec);
-            co_return co_await asio::co_spawn(ex, std::move(t), asio::use_awaitable);
-        } catch (...) {
-            co_return fail(error_from_current_exception("agent"));
-        }
+namespace {
+
+Duration timeout_duration(double secs) {
+    return secs > 0 ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs)) : Duration::zero();
+}
+
+/// A call started on another executor: runs it on the agent's, as a child coroutine there.
+Task<Result<Message>> call_on_core(std::shared_ptr<AgentCore> core, std::string to, std::string handler, Message message,
+                                   double timeout_sec) {
+    try {
+        auto t = core->call(std::move(to), std::move(handler), std::move(message), timeout_sec);
+        co_return co_await asio::co_spawn(core->ex, std::move(t), asio::use_awaitable);
+    } catch (...) {
+        co_return fail(error_from_current_exception("agent"));
     }
+}
+
+}  // namespace
+
+Result<int> AgentCore::prepare_request(const std::string& to, const Message& message, Frame& f) const {
     if (state == State::closed || state == State::draining)
-        co_return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
+        return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
     auto it = rank_of.find(to);
     if (it == rank_of.end()) {
         std::string known;
@@ -377,59 +386,77 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
             if (!known.empty()) known += ", ";
             known += w.name;
         }
-        co_return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
+        return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
     }
-    double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
-    Duration d = secs > 0 ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs)) : Duration::zero();
     const int rank = it->second;
-
-    if (rank == self.id) {  // to self: no socket, but the same handler path
-        ++outstanding;
-        auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), d);
-        call_finished();
-        if (!r && r.error().code() == Errc::timeout)
-            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
-        co_return r;
-    }
-
-    PeerLink& peer = peers[rank];
-    Frame f;
+    if (rank == self.id) return rank;
+    const PeerLink& peer = peers[rank];
     f.kind = FrameKind::request;
-    f.name = handler;
     f.targets.reserve(message.tensors.size());
     for (std::size_t i = 0; i < message.tensors.size(); ++i) {
         const Tensor& t = message.tensors[i];
-        if (!t.defined()) co_return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
+        if (!t.defined()) return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
         Device dev = t.device();
         if (auto m = peer.map.find(dev); m != peer.map.end()) {
             f.targets.push_back(m->second);
         } else if (dev.is_cpu()) {
             f.targets.push_back(Device::cpu());
         } else {
-            co_return fail(Errc::device_error, "rpc to worker \"" + to + "\": tensor " + std::to_string(i) + " is on " +
-                                                   dev.str() + ", which has no device map from worker \"" + self.name +
-                                                   "\" to worker \"" + to + "\" (add one with set_device_map)");
+            return fail(Errc::device_error, "rpc to worker \"" + to + "\": tensor " + std::to_string(i) + " is on " + dev.str() +
+                                                ", which has no device map from worker \"" + self.name + "\" to worker \"" + to +
+                                                "\" (add one with set_device_map)");
         }
     }
-    const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
+    return rank;
+}
 
+Error AgentCore::call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const {
+    if (!wait_ec)
+        return Error(Errc::timeout, "rpc to worker \"" + to + "\" (handler \"" + handler + "\") timed out after " + seconds_str(secs),
+                     to);
+    return Error(Errc::cancelled, "rpc to worker \"" + to + "\" was cancelled while waiting for its reply");
+}
+
+Task<Result<Message>> AgentCore::call_self(std::string to, std::string handler, Message message, double secs) {
+    ++outstanding;
+    auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
+    call_finished();
+    if (!r && r.error().code() == Errc::timeout)
+        co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
+    co_return r;
+}
+
+// (Kept lean: this coroutine's frame must stay under the size Asio's per-thread frame cache keeps,
+// so the error messages are built by the functions above.)
+Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto keep = shared_from_this();
+    if (auto current = co_await asio::this_coro::executor; current != ex)
+        co_return co_await call_on_core(std::move(keep), std::move(to), std::move(handler), std::move(message), timeout_sec);
+    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    Frame f;
+    const Result<int> rank = prepare_request(to, message, f);
+    if (!rank) co_return fail(rank.error());
+    if (*rank == self.id) co_return co_await call_self(std::move(to), std::move(handler), std::move(message), secs);
+
+    PeerLink& peer = peers[*rank];
+    const Duration d = timeout_duration(secs);
+    const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
     std::shared_ptr<Connection> conn = peer.conn;
     if (!conn || !conn->is_open()) {
-        auto c = co_await ensure_connected(rank, d);
+        auto c = co_await ensure_connected(*rank, d);
         if (!c) co_return fail(std::move(c).error());
         conn = std::move(*c);
     }
     const std::uint64_t id = next_id++;
     f.id = id;
+    f.name = handler;
     f.payload = std::move(message.payload);
     f.tensors = std::move(message.tensors);
     // A lone call is written at once; calls made while others are in flight share the writer's
     // gathered write (the replies that resume them arrive together).
     if (auto s = conn->send(std::move(f), outstanding == 0); !s) {
-        Error e = std::move(s).error();
-        if (e.code() != Errc::invalid_argument)
-            e = Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + e.message(), to);
-        co_return fail(std::move(e));
+        if (s.error().code() == Errc::invalid_argument) co_return fail(s.error());
+        co_return fail(Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + s.error().message(), to));
     }
     PendingCall pc(slots);
     pc.conn = conn.get();
@@ -443,14 +470,8 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
         ec = wec;
     }
     call_finished();
-    if (pc.result) {
-        co_return std::move(*pc.result);
-    }
-    if (!ec)
-        co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" (handler \"" + handler + "\") timed out after " +
-                                                seconds_str(secs),
-                             to));
-    co_return fail(Errc::cancelled, "rpc to worker \"" + to + "\" was cancelled while waiting for its reply");
+    if (pc.result) co_return std::move(*pc.result);
+    co_return fail(call_error(to, handler, secs, ec));
 }
 
 Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {

@@ -323,32 +323,41 @@ struct ConnectionState {
         return Parse::more;
     }
 
+    /// The error of a failed socket read (the connection is closed by it).
+    Error read_error(std::error_code ec) {
+        if (!open) return closed_error();
+        if (ec == asio::error::eof && rend > rbeg)
+            return broken(Error(Errc::connection_lost,
+                                "connection to " + who() + " closed in the middle of a frame (" + std::to_string(rend - rbeg) +
+                                    " bytes of it read)",
+                                peer.name, ec));
+        return broken(from_error_code(ec, "reading from " + who()).on_worker(peer.name));
+    }
+
     /// Reads one frame; `keep` holds this state for the read. Frames without tensors that fit the
     /// buffer are read with one reactor operation per socket read, awaited here, and parsed in
-    /// place; the general path (tensors, large payloads) reads through fill/read_into.
+    /// place; the general path (tensors, large payloads) is read_general. (This coroutine's frame
+    /// stays small, under what Asio's per-thread frame cache keeps: a larger one is a malloc.)
     Task<Result<Frame>> read_frame(std::shared_ptr<ConnectionState> keep) {
         (void)keep;
         for (;;) {
             if (!open) co_return fail(closed_error());
-            Frame f;
+            Result<Frame> f;
             std::optional<Error> err;
-            const Parse p = parse_buffered(f, err);
-            if (p == Parse::frame) co_return f;
+            const Parse p = parse_buffered(*f, err);
+            if (p == Parse::frame) co_return std::move(f);
             if (p == Parse::bad) co_return fail(std::move(*err));
             if (p == Parse::general) break;
             auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, use_nothrow);
             ++stats.reads;
-            if (ec) {
-                if (!open) co_return fail(closed_error());
-                if (ec == asio::error::eof && rend > rbeg)
-                    co_return fail(broken(Error(Errc::connection_lost,
-                                                "connection to " + who() + " closed in the middle of a frame (" +
-                                                    std::to_string(rend - rbeg) + " bytes of it read)",
-                                                peer.name, ec)));
-                co_return fail(broken(from_error_code(ec, "reading from " + who()).on_worker(peer.name)));
-            }
+            if (ec) co_return fail(read_error(ec));
             rend += k;
         }
+        co_return co_await read_general();
+    }
+
+    /// Reads a frame with tensors, or one larger than the buffer.
+    Task<Result<Frame>> read_general() {
         if (rend - rbeg < kFrameHeaderSize)
             if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
         auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
@@ -373,8 +382,7 @@ struct ConnectionState {
         }
         f.tensors.reserve(meta->tensors.size());
         for (auto& desc : meta->tensors) {
-            Result<Tensor> t = fail(Errc::device_error, "no tensor allocator on this connection");
-            if (allocator) t = allocator(desc);
+            Result<Tensor> t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
             if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
                 t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
             if (!t) {
