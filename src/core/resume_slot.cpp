@@ -1,18 +1,62 @@
 // SlotRegistry: destroys the waiters still parked in ResumeSlots when their event loop goes.
 #include "core/resume_slot.hpp"
 
-#include <asio/detail/thread_context.hpp>
-#include <asio/detail/thread_info_base.hpp>
+#include <new>
 
 namespace tensorplay::detail {
 
-void* recycled_allocate(std::size_t size) {
-    return asio::detail::thread_info_base::allocate(asio::detail::thread_context::top_of_thread_call_stack(), size);
-}
+namespace {
 
-void recycled_free(void* p, std::size_t size) noexcept {
-    asio::detail::thread_info_base::deallocate(asio::detail::thread_context::top_of_thread_call_stack(), p, size);
-}
+/// Per-thread free lists of small blocks, by size in steps of 16 bytes. (Asio's own per-thread
+/// cache keeps eight blocks of any size for its operations; sharing it, blocks of one size kept
+/// being evicted for another and every call went to malloc.)
+class FreeLists {
+public:
+    static constexpr std::size_t kStep = 16, kClasses = 24, kKeep = 256;
+
+    ~FreeLists() {
+        for (auto* head : heads_)
+            while (head) {
+                Node* next = head->next;
+                ::operator delete(head);
+                head = next;
+            }
+    }
+    void* allocate(std::size_t size) {
+        const std::size_t c = (size + kStep - 1) / kStep;
+        if (c == 0 || c > kClasses) return ::operator new(size);
+        if (Node* n = heads_[c - 1]) {
+            heads_[c - 1] = n->next;
+            --counts_[c - 1];
+            return n;
+        }
+        return ::operator new(c * kStep);
+    }
+    void free(void* p, std::size_t size) noexcept {
+        const std::size_t c = (size + kStep - 1) / kStep;
+        if (c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
+            ::operator delete(p);
+            return;
+        }
+        heads_[c - 1] = new (p) Node{heads_[c - 1]};
+        ++counts_[c - 1];
+    }
+
+private:
+    struct Node {
+        Node* next;
+    };
+    Node* heads_[kClasses] = {};
+    std::size_t counts_[kClasses] = {};
+};
+
+thread_local FreeLists free_lists;
+
+}  // namespace
+
+void* recycled_allocate(std::size_t size) { return free_lists.allocate(size); }
+
+void recycled_free(void* p, std::size_t size) noexcept { free_lists.free(p, size); }
 
 asio::execution_context::id SlotRegistry::id;
 

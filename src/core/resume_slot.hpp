@@ -39,8 +39,9 @@ void resume_in_place(Handler&& h, Args... args) {
     asio::dispatch(ex, [h = std::move(h), args...]() mutable { std::move(h)(args...); });
 }
 
-/// Memory for a waiter or an operation from the thread's recycling cache (Asio's own operations
-/// use it too); `size` must match between the two calls.
+/// Memory for a waiter, an operation or a container node from per-thread free lists of small
+/// blocks (malloc beyond them); `size` must match between the two calls. A block may be freed on
+/// another thread than the one that allocated it.
 void* recycled_allocate(std::size_t size);
 void recycled_free(void* p, std::size_t size) noexcept;
 
