@@ -5,6 +5,8 @@
 
 #include <tensorplay/core/wire.hpp>
 
+#include <asio/steady_timer.hpp>
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -245,5 +247,91 @@ TEST_CASE("connecting to a closed port fails quickly", "[transport][fault]") {
         auto c = co_await Connection::connect("127.0.0.1", port, test::hello("client", 0));
         REQUIRE_FALSE(c);
         CHECK(c.error().message().find("127.0.0.1") != std::string::npos);
+    });
+}
+
+namespace {
+
+Bytes encoded(std::uint64_t id, std::string name, Bytes payload) {
+    Frame f;
+    f.id = id;
+    f.name = std::move(name);
+    f.payload = std::move(payload);
+    Bytes out;
+    bool inl = false;
+    REQUIRE(tensorplay::detail::encode_frame_head(f, ConnectionLimits{}, out, inl));
+    if (!inl) out.insert(out.end(), f.payload.begin(), f.payload.end());
+    return out;
+}
+
+Bytes payload_of(std::uint64_t id) { return Bytes((id * 37) % 300, static_cast<std::uint8_t>(id)); }
+
+/// Writes `b` in pieces of `step` bytes, each only once the connection has read the one before
+/// (its read count went up): every frame then arrives split across reads.
+Task<void> dribble(asio::ip::tcp::socket& raw, const Connection& conn, Bytes b, std::size_t step) {
+    auto ex = co_await asio::this_coro::executor;
+    asio::steady_timer tick(ex);
+    for (std::size_t off = 0; off < b.size(); off += step) {
+        const auto reads = conn.stats().reads;
+        Bytes piece(b.begin() + off, b.begin() + std::min(b.size(), off + step));
+        co_await test::write_raw(raw, std::move(piece));
+        while (conn.stats().reads == reads) {
+            tick.expires_after(std::chrono::microseconds(200));
+            co_await tick.async_wait(tensorplay::detail::use_nothrow);
+        }
+    }
+}
+
+Task<std::vector<Frame>> receive_n(Connection& conn, std::size_t n) {
+    std::vector<Frame> got;
+    while (got.size() < n) {
+        auto f = co_await conn.receive();
+        REQUIRE(f);
+        got.push_back(std::move(*f));
+    }
+    co_return got;
+}
+
+}  // namespace
+
+TEST_CASE("frames split across reads, and frames straddling the end of the read buffer, arrive whole", "[transport]") {
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        using namespace tensorplay::detail::awaitable_ops;
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+
+        // Two frames, 7 bytes per read: headers, names and payloads all arrive in pieces.
+        Bytes two = encoded(1, "first", payload_of(1));
+        Bytes second = encoded(2, "second", payload_of(2));
+        two.insert(two.end(), second.begin(), second.end());
+        auto reader = receive_n(*conn, 2);
+        auto writer = dribble(rc->raw, *conn, std::move(two), 7);
+        auto pieces = co_await (std::move(reader) && std::move(writer));
+        REQUIRE(pieces.size() == 2);
+        CHECK(pieces[0].id == 1);
+        CHECK(pieces[0].name == "first");
+        CHECK(pieces[0].payload == payload_of(1));
+        CHECK(pieces[1].name == "second");
+        CHECK(pieces[1].payload == payload_of(2));
+
+        // 4,000 frames (about 700 KiB) in one write: several cross the end of the 256 KiB buffer.
+        Bytes many;
+        for (std::uint64_t id = 10; id < 4010; ++id) {
+            Bytes one = encoded(id, "n" + std::to_string(id), payload_of(id));
+            many.insert(many.end(), one.begin(), one.end());
+        }
+        REQUIRE(many.size() > 512 * 1024);
+        auto bulk_reader = receive_n(*conn, 4000);
+        auto bulk_writer = test::write_raw(rc->raw, std::move(many));
+        auto frames = co_await (std::move(bulk_reader) && std::move(bulk_writer));
+        REQUIRE(frames.size() == 4000);
+        bool all_match = true;
+        for (std::size_t i = 0; i < frames.size(); ++i) {
+            const std::uint64_t id = 10 + i;
+            if (frames[i].id != id || frames[i].name != "n" + std::to_string(id) || frames[i].payload != payload_of(id))
+                all_match = false;
+        }
+        CHECK(all_match);
+        CHECK(conn->is_open());
     });
 }
