@@ -15,6 +15,7 @@ public:
     static constexpr std::size_t kStep = 16, kClasses = 24, kKeep = 256;
 
     ~FreeLists() {
+        dead_ = true;  // blocks freed later on this thread (by objects destroyed after it) go to delete
         for (auto* head : heads_)
             while (head) {
                 Node* next = head->next;
@@ -24,7 +25,7 @@ public:
     }
     void* allocate(std::size_t size) {
         const std::size_t c = (size + kStep - 1) / kStep;
-        if (c == 0 || c > kClasses) return ::operator new(size);
+        if (dead_ || c == 0 || c > kClasses) return ::operator new(size);
         if (Node* n = heads_[c - 1]) {
             heads_[c - 1] = n->next;
             --counts_[c - 1];
@@ -34,7 +35,7 @@ public:
     }
     void free(void* p, std::size_t size) noexcept {
         const std::size_t c = (size + kStep - 1) / kStep;
-        if (c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
+        if (dead_ || c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
             ::operator delete(p);
             return;
         }
@@ -48,6 +49,7 @@ private:
     };
     Node* heads_[kClasses] = {};
     std::size_t counts_[kClasses] = {};
+    bool dead_ = false;
 };
 
 thread_local FreeLists free_lists;

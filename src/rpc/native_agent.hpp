@@ -150,10 +150,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
     // ---- native_agent_calls.cpp ----
     [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
-    /// Checks a call (agent running, worker known, tensors mapped) and fills `f`'s kind and tensor
-    /// targets: the rank it goes to.
-    [[nodiscard]] Result<int> prepare_request(const std::string& to, const Message& message, Frame& f) const;
-    [[nodiscard]] Task<Result<Message>> call_self(std::string to, std::string handler, Message message, double secs);
+    /// The rank of `to` when a call can take the common path (agent running, another worker,
+    /// connection open), else -1.
+    [[nodiscard]] int ready_rank(const std::string& to) const;
+    /// Checks a call (agent running, worker known): the rank it goes to.
+    [[nodiscard]] Result<int> check_call(const std::string& to) const;
+    /// Every other case of call(): another executor, a call to self, no connection yet.
+    [[nodiscard]] Task<Result<Message>> call_slow(std::string to, std::string handler, Message message, double timeout_sec);
+    /// Builds the request (tensor targets from the device map) and sends it on `peer`'s connection.
+    [[nodiscard]] Result<void> send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message,
+                                            bool flush);
     /// A call that ended without a reply: timed out (`wait_ec` clear) or cancelled.
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
@@ -161,7 +167,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
     /// Serves a request on a parked worker (resumed in place) or a new one.
-    void serve_request(std::shared_ptr<Connection> conn, Frame request);
+    void serve_request(const std::shared_ptr<Connection>& conn, Frame&& request);
     /// Wakes every parked worker to exit.
     void release_workers();
     /// Parks `w` for the next request unless the agent is closing, enough are parked already, or

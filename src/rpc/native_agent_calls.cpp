@@ -45,19 +45,37 @@ void log_task_error(std::exception_ptr e) {
     if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
 }
 
-/// Unlinks a call from its peer's pending map and the deadlines when the caller's frame ends
-/// (a reply, a timeout, a cancellation or the frame being destroyed).
-struct PendingGuard {
-    AgentCore* core;
-    PeerLink* peer;
-    PendingCall* pc;
-    std::uint64_t id;
-    ~PendingGuard() {
+/// Owns a call's PendingCall (from the per-thread free lists: it is what the reply path points at,
+/// and keeping it out of the caller's coroutine frame keeps that frame small enough for Asio's
+/// frame cache). Unlinks the call from its peer's pending map and the deadlines when the caller's
+/// frame ends (a reply, a timeout, a cancellation or the frame being destroyed).
+class CallHandle {
+public:
+    CallHandle(AgentCore& core, PeerLink& peer, std::uint64_t id)
+        : core_(&core), peer_(&peer), id_(id), pc_(new (recycled_allocate(sizeof(PendingCall))) PendingCall(core.slots)) {}
+    CallHandle(const CallHandle&) = delete;
+    CallHandle& operator=(const CallHandle&) = delete;
+    ~CallHandle() {
         // A reply or a lost connection already unlinked it (and set the result); only a timeout,
         // a cancellation or the frame's destruction leaves it in the map.
-        if (!pc->result) peer->pending.erase(id);
-        core->remove_deadline(*pc);
+        if (linked_ && !pc_->result) peer_->pending.erase(id_);
+        core_->remove_deadline(*pc_);
+        pc_->~PendingCall();
+        recycled_free(pc_, sizeof(PendingCall));
     }
+    PendingCall& operator*() const noexcept { return *pc_; }
+    PendingCall* operator->() const noexcept { return pc_; }
+    void link() {
+        peer_->pending.emplace(id_, pc_);
+        linked_ = true;
+    }
+
+private:
+    AgentCore* core_;
+    PeerLink* peer_;
+    std::uint64_t id_;
+    PendingCall* pc_;
+    bool linked_ = false;
 };
 
 Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Message message) {
@@ -196,15 +214,15 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
 
 }  // namespace
 
-void AgentCore::serve_request(std::shared_ptr<Connection> conn, Frame request) {
+void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, Frame&& request) {
     if (idle_workers.empty()) {
-        asio::co_spawn(ex, serve_worker(shared_from_this(), std::move(conn), std::move(request)), log_task_error);
+        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(request)), log_task_error);
         return;
     }
     ServeWorker* w = idle_workers.back();
     idle_workers.pop_back();
     w->core = shared_from_this();
-    w->conn = std::move(conn);
+    w->conn = conn;
     w->request = std::move(request);
     w->wake.complete();
 }
@@ -363,20 +381,17 @@ Duration timeout_duration(double secs) {
     return secs > 0 ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs)) : Duration::zero();
 }
 
-/// A call started on another executor: runs it on the agent's, as a child coroutine there.
-Task<Result<Message>> call_on_core(std::shared_ptr<AgentCore> core, std::string to, std::string handler, Message message,
-                                   double timeout_sec) {
-    try {
-        auto t = core->call(std::move(to), std::move(handler), std::move(message), timeout_sec);
-        co_return co_await asio::co_spawn(core->ex, std::move(t), asio::use_awaitable);
-    } catch (...) {
-        co_return fail(error_from_current_exception("agent"));
-    }
-}
-
 }  // namespace
 
-Result<int> AgentCore::prepare_request(const std::string& to, const Message& message, Frame& f) const {
+int AgentCore::ready_rank(const std::string& to) const {
+    if (state != State::running && state != State::starting) return -1;
+    auto it = rank_of.find(to);
+    if (it == rank_of.end() || it->second == self.id) return -1;
+    const PeerLink& peer = peers[it->second];
+    return peer.conn && peer.conn->is_open() ? it->second : -1;
+}
+
+Result<int> AgentCore::check_call(const std::string& to) const {
     if (state == State::closed || state == State::draining)
         return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
     auto it = rank_of.find(to);
@@ -388,10 +403,14 @@ Result<int> AgentCore::prepare_request(const std::string& to, const Message& mes
         }
         return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
     }
-    const int rank = it->second;
-    if (rank == self.id) return rank;
-    const PeerLink& peer = peers[rank];
+    return it->second;
+}
+
+Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush) {
+    Frame f;
     f.kind = FrameKind::request;
+    f.id = id;
+    f.name = handler;
     f.targets.reserve(message.tensors.size());
     for (std::size_t i = 0; i < message.tensors.size(); ++i) {
         const Tensor& t = message.tensors[i];
@@ -402,12 +421,18 @@ Result<int> AgentCore::prepare_request(const std::string& to, const Message& mes
         } else if (dev.is_cpu()) {
             f.targets.push_back(Device::cpu());
         } else {
-            return fail(Errc::device_error, "rpc to worker \"" + to + "\": tensor " + std::to_string(i) + " is on " + dev.str() +
-                                                ", which has no device map from worker \"" + self.name + "\" to worker \"" + to +
-                                                "\" (add one with set_device_map)");
+            return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
+                                                dev.str() + ", which has no device map from worker \"" + self.name +
+                                                "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
         }
     }
-    return rank;
+    f.payload = std::move(message.payload);
+    f.tensors = std::move(message.tensors);
+    if (auto s = peer.conn->send(std::move(f), flush); !s) {
+        if (s.error().code() == Errc::invalid_argument) return fail(std::move(s).error());
+        return fail(Error(Errc::connection_lost, "rpc to worker \"" + peer.info.name + "\": " + s.error().message(), peer.info.name));
+    }
+    return ok();
 }
 
 Error AgentCore::call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const {
@@ -417,60 +442,73 @@ Error AgentCore::call_error(const std::string& to, const std::string& handler, d
     return Error(Errc::cancelled, "rpc to worker \"" + to + "\" was cancelled while waiting for its reply");
 }
 
-Task<Result<Message>> AgentCore::call_self(std::string to, std::string handler, Message message, double secs) {
-    ++outstanding;
-    auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
-    call_finished();
-    if (!r && r.error().code() == Errc::timeout)
-        co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
-    co_return r;
+Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto keep = shared_from_this();
+    if (auto current = co_await asio::this_coro::executor; current != ex) {
+        // Called from another executor: run on the agent's, as a child coroutine there.
+        try {
+            auto t = call(std::move(to), std::move(handler), std::move(message), timeout_sec);
+            co_return co_await asio::co_spawn(ex, std::move(t), asio::use_awaitable);
+        } catch (...) {
+            co_return fail(error_from_current_exception("agent"));
+        }
+    }
+    auto rank = check_call(to);
+    if (!rank) co_return fail(std::move(rank).error());
+    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    if (*rank == self.id) {  // to self: no socket, but the same handler path
+        ++outstanding;
+        auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
+        call_finished();
+        if (!r && r.error().code() == Errc::timeout)
+            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
+        co_return r;
+    }
+    // Not connected yet (or the connection was lost): connect, then the usual path with the time
+    // that is left.
+    const auto started = Clock::now();
+    auto c = co_await ensure_connected(*rank, timeout_duration(secs));
+    if (!c) co_return fail(std::move(c).error());
+    double left = secs;
+    if (secs > 0) {
+        left = secs - std::chrono::duration<double>(Clock::now() - started).count();
+        if (left <= 0) co_return fail(call_error(to, handler, secs, {}));
+    }
+    co_return co_await call(std::move(to), std::move(handler), std::move(message), left);
 }
 
-// (Kept lean: this coroutine's frame must stay under the size Asio's per-thread frame cache keeps,
-// so the error messages are built by the functions above.)
+// The common case: on the agent's executor, to a connected worker. Kept lean (errors are built by
+// the functions above, the pending call lives outside the frame): a coroutine frame over about
+// 1 KiB is not kept by Asio's per-thread frame cache, and a malloc of that size misses glibc's
+// thread cache too.
 Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto current = co_await asio::this_coro::executor;
+    const int rank = current == ex ? ready_rank(to) : -1;
+    if (rank < 0) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
     auto keep = shared_from_this();
-    if (auto current = co_await asio::this_coro::executor; current != ex)
-        co_return co_await call_on_core(std::move(keep), std::move(to), std::move(handler), std::move(message), timeout_sec);
+    PeerLink& peer = peers[rank];
     const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
-    Frame f;
-    const Result<int> rank = prepare_request(to, message, f);
-    if (!rank) co_return fail(rank.error());
-    if (*rank == self.id) co_return co_await call_self(std::move(to), std::move(handler), std::move(message), secs);
-
-    PeerLink& peer = peers[*rank];
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
-    std::shared_ptr<Connection> conn = peer.conn;
-    if (!conn || !conn->is_open()) {
-        auto c = co_await ensure_connected(*rank, d);
-        if (!c) co_return fail(std::move(c).error());
-        conn = std::move(*c);
-    }
     const std::uint64_t id = next_id++;
-    f.id = id;
-    f.name = handler;
-    f.payload = std::move(message.payload);
-    f.tensors = std::move(message.tensors);
+    CallHandle pc(*this, peer, id);
     // A lone call is written at once; calls made while others are in flight share the writer's
     // gathered write (the replies that resume them arrive together).
-    if (auto s = conn->send(std::move(f), outstanding == 0); !s) {
-        if (s.error().code() == Errc::invalid_argument) co_return fail(s.error());
-        co_return fail(Error(Errc::connection_lost, "rpc to worker \"" + to + "\": " + s.error().message(), to));
+    if (auto sent = send_request(peer, id, handler, message, outstanding == 0); !sent) {
+        pc->result = fail(std::move(sent).error());
+        co_return std::move(*pc->result);
     }
-    PendingCall pc(slots);
-    pc.conn = conn.get();
-    peer.pending.emplace(id, &pc);
-    PendingGuard guard{this, &peer, &pc, id};
-    add_deadline(pc, deadline);
+    pc->conn = peer.conn.get();
+    pc.link();
+    add_deadline(*pc, deadline);
     ++outstanding;
     std::error_code ec;
-    if (!pc.signalled) {
-        auto [wec] = co_await pc.done.async_wait(use_nothrow);
+    if (!pc->signalled) {
+        auto [wec] = co_await pc->done.async_wait(use_nothrow);
         ec = wec;
     }
     call_finished();
-    if (pc.result) co_return std::move(*pc.result);
+    if (pc->result) co_return std::move(*pc->result);
     co_return fail(call_error(to, handler, secs, ec));
 }
 
