@@ -164,6 +164,14 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
     [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
+    /// Looks up handler `name` and starts it (the user's coroutine, or the blocking handler on the
+    /// pool), raising its running count; `entry` is left empty when there is none (the task then
+    /// yields not_found). Pair with finish_handler.
+    [[nodiscard]] Task<Result<Message>> start_handler(const std::string& name, WorkerInfo caller, Message message,
+                                                      std::shared_ptr<HandlerEntry>& entry);
+    /// Lowers the running count and turns a handler's failure into remote_error.
+    [[nodiscard]] Result<Message> finish_handler(const std::string& name, const std::shared_ptr<HandlerEntry>& entry,
+                                                 Result<Message> r);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
     /// Serves a request on a parked worker (resumed in place) or a new one.

@@ -146,9 +146,16 @@ Task<void> serve(ServeWorker& w) {
     if (req.alloc_error) {
         r = fail(std::move(*req.alloc_error));
     } else {
-        Message request{std::move(req.payload), std::move(req.tensors)};
-        auto t = core.run_handler(caller, std::move(req.name), std::move(request));  // (GCC 12: not inside co_await)
-        r = co_await std::move(t);
+        // The handler runs in this coroutine (run_handler would be one more frame per request).
+        std::shared_ptr<HandlerEntry> h;
+        try {
+            Message request{std::move(req.payload), std::move(req.tensors)};
+            auto t = core.start_handler(req.name, caller, std::move(request), h);  // (GCC 12: not inside co_await)
+            r = co_await std::move(t);
+        } catch (...) {
+            r = fail(error_from_current_exception("handler \"" + req.name + "\""));
+        }
+        r = core.finish_handler(req.name, h, std::move(r));
     }
     if (r && !r->tensors.empty()) {
         if (auto routed = route_reply_tensors(core, caller, r->tensors, resp.targets); !routed) r = fail(std::move(routed).error());
@@ -512,31 +519,40 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     co_return fail(call_error(to, handler, secs, ec));
 }
 
-Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
-    std::shared_ptr<HandlerEntry> h;
+namespace {
+Task<Result<Message>> ready(Result<Message> r) { co_return r; }
+}  // namespace
+
+Task<Result<Message>> AgentCore::start_handler(const std::string& name, WorkerInfo caller, Message message,
+                                               std::shared_ptr<HandlerEntry>& entry) {
     {
         std::lock_guard lock(handlers_mutex);
-        if (auto it = handlers.find(name); it != handlers.end()) h = it->second;
+        if (auto it = handlers.find(name); it != handlers.end()) entry = it->second;
     }
-    if (!h) co_return fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
-                                 self.name));
-    ++h->running;
+    if (!entry)
+        return ready(fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
+                                self.name)));
+    ++entry->running;
+    if (entry->coro) return entry->coro(std::move(caller), std::move(message));
+    return asio::co_spawn(worker_pool(), run_blocking(entry->blocking, std::move(caller), std::move(message)), asio::use_awaitable);
+}
+
+Result<Message> AgentCore::finish_handler(const std::string& name, const std::shared_ptr<HandlerEntry>& entry, Result<Message> r) {
+    if (entry && --entry->running == 0 && entry->drained) entry->drained->cancel();
+    if (!entry || r) return r;  // (an unknown handler's not_found goes back as it is)
+    return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
+}
+
+Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
+    std::shared_ptr<HandlerEntry> h;
     Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
     try {
-        if (h->coro) {
-            auto t = h->coro(std::move(caller), std::move(message));
-            r = co_await std::move(t);
-        } else {
-            r = co_await asio::co_spawn(worker_pool(), run_blocking(h->blocking, std::move(caller), std::move(message)),
-                                        asio::use_awaitable);
-        }
+        auto t = start_handler(name, std::move(caller), std::move(message), h);
+        r = co_await std::move(t);
     } catch (...) {
         r = fail(error_from_current_exception("handler \"" + name + "\""));
     }
-    if (--h->running == 0 && h->drained) h->drained->cancel();
-    if (!r)
-        co_return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
-    co_return r;
+    co_return finish_handler(name, h, std::move(r));
 }
 
 Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
