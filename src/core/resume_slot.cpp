@@ -15,7 +15,6 @@ public:
     static constexpr std::size_t kStep = 16, kClasses = 24, kKeep = 256;
 
     ~FreeLists() {
-        dead_ = true;  // blocks freed later on this thread (by objects destroyed after it) go to delete
         for (auto* head : heads_)
             while (head) {
                 Node* next = head->next;
@@ -25,7 +24,7 @@ public:
     }
     void* allocate(std::size_t size) {
         const std::size_t c = (size + kStep - 1) / kStep;
-        if (dead_ || c == 0 || c > kClasses) return ::operator new(size);
+        if (c == 0 || c > kClasses) return ::operator new(size);
         if (Node* n = heads_[c - 1]) {
             heads_[c - 1] = n->next;
             --counts_[c - 1];
@@ -35,7 +34,7 @@ public:
     }
     void free(void* p, std::size_t size) noexcept {
         const std::size_t c = (size + kStep - 1) / kStep;
-        if (dead_ || c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
+        if (c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
             ::operator delete(p);
             return;
         }
@@ -49,16 +48,45 @@ private:
     };
     Node* heads_[kClasses] = {};
     std::size_t counts_[kClasses] = {};
-    bool dead_ = false;
 };
 
-thread_local FreeLists free_lists;
+/// This thread's lists: a plain pointer (trivially destructible, so reading it is one load with no
+/// initialisation check); `owner` deletes them at thread exit and points `lists` at `gone`, so
+/// that blocks freed later on this thread (by objects destroyed after it) go to operator delete.
+FreeLists gone;
+thread_local FreeLists* lists = nullptr;
+struct ListsOwner {
+    FreeLists* owned = nullptr;
+    ~ListsOwner() {
+        lists = &gone;
+        delete owned;
+    }
+};
+thread_local ListsOwner owner;
+
+FreeLists* this_thread_lists() {
+    if (lists == nullptr) {
+        lists = new FreeLists;
+        owner.owned = lists;  // (its first use registers its destructor)
+    }
+    return lists;
+}
 
 }  // namespace
 
-void* recycled_allocate(std::size_t size) { return free_lists.allocate(size); }
+void* recycled_allocate(std::size_t size) {
+    FreeLists* l = this_thread_lists();
+    return l == &gone ? ::operator new(size) : l->allocate(size);
+}
 
-void recycled_free(void* p, std::size_t size) noexcept { free_lists.free(p, size); }
+void recycled_free(void* p, std::size_t size) noexcept {
+    FreeLists* l = lists;
+    if (l == nullptr || l == &gone) {
+        ::operator delete(p);
+        return;
+    }
+    l->free(p, size);
+}
 
 asio::execution_context::id SlotRegistry::id;
 
