@@ -16,6 +16,7 @@
 #include <asio/thread_pool.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -148,7 +149,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 
-    // ---- native_agent_calls.cpp ----
+    // ---- native_agent_calls.cpp (calls) and native_agent_serve.cpp (serving, handlers) ----
     [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
     /// The rank of `to` when a call can take the common path (agent running, another worker,
     /// connection open), else -1.
@@ -225,6 +226,15 @@ public:
 private:
     std::shared_ptr<AgentCore> core_;
 };
+
+/// Fills `targets` with where each tensor goes: through `map` (may be null), else a CPU tensor stays
+/// on the CPU. Returns the index of the first tensor that is undefined or on a device `map` does
+/// not cover (`targets` then incomplete), or -1 when all are placed.
+[[nodiscard]] std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors,
+                                                std::vector<Device>& targets);
+
+/// Logs an exception that escaped one of the agent's detached coroutines (their co_spawn handler).
+void log_task_error(std::exception_ptr e);
 
 /// Error frame payload: u16 code, str32 worker, str32 message.
 [[nodiscard]] Bytes encode_error(const Error& e);

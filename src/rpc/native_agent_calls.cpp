@@ -1,4 +1,4 @@
-// Native agent, call path: outgoing calls and their replies, serving requests, handlers, the facade.
+// Native agent, call path: outgoing calls, their replies and deadlines, connections, the facade.
 #include "rpc/native_agent.hpp"
 
 #include <tensorplay/core/log.hpp>
@@ -23,6 +23,28 @@ Bytes encode_error(const Error& e) {
     return std::move(w).take();
 }
 
+std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors, std::vector<Device>& targets) {
+    targets.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Tensor& t = tensors[i];
+        if (!t.defined()) return static_cast<std::ptrdiff_t>(i);
+        const Device d = t.device();
+        if (map) {
+            if (auto m = map->find(d); m != map->end()) {
+                targets.push_back(m->second);
+                continue;
+            }
+        }
+        if (!d.is_cpu()) return static_cast<std::ptrdiff_t>(i);
+        targets.push_back(Device::cpu());
+    }
+    return -1;
+}
+
+void log_task_error(std::exception_ptr e) {
+    if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
+}
+
 Error decode_error(std::span<const std::uint8_t> payload, const std::string& from) {
     WireReader r(payload);
     auto code = r.u16();
@@ -39,10 +61,6 @@ std::string seconds_str(double s) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g s", s);
     return buf;
-}
-
-void log_task_error(std::exception_ptr e) {
-    if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
 }
 
 /// Owns a call's PendingCall (from the per-thread free lists: it is what the reply path points at,
@@ -78,14 +96,6 @@ private:
     bool linked_ = false;
 };
 
-Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Message message) {
-    try {
-        co_return fn(caller, std::move(message));
-    } catch (...) {
-        co_return fail(error_from_current_exception("blocking handler"));
-    }
-}
-
 void on_reply(PeerLink& peer, Frame& f) {
     auto it = peer.pending.find(f.id);
     if (it == peer.pending.end()) {
@@ -102,76 +112,6 @@ void on_reply(PeerLink& peer, Frame& f) {
     } else {
         pc->finish(Message{std::move(f.payload), std::move(f.tensors)});
     }
-}
-
-/// Reply tensors go back through the reverse of the caller's map; fills `resp.targets`.
-Result<void> route_reply_tensors(const AgentCore& core, const WorkerInfo& caller, const std::vector<Tensor>& tensors,
-                                 std::vector<Device>& targets) {
-    const DeviceMap* reverse = nullptr;
-    if (caller.id >= 0 && caller.id < static_cast<int>(core.peers.size()) && core.workers[caller.id].name == caller.name)
-        reverse = &core.peers[caller.id].reverse;
-    targets.reserve(tensors.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Tensor& t = tensors[i];
-        if (!t.defined()) return fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", core.self.name);
-        Device d = t.device();
-        if (reverse) {
-            if (auto m = reverse->find(d); m != reverse->end()) {
-                targets.push_back(m->second);
-                continue;
-            }
-        }
-        if (d.is_cpu()) {
-            targets.push_back(Device::cpu());
-            continue;
-        }
-        return fail(Errc::device_error,
-                    "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which has no device map back to worker \"" +
-                        caller.name + "\" (worker \"" + caller.name + "\" maps none of its devices to it)",
-                    core.self.name);
-    }
-    return ok();
-}
-
-/// Serves one request (the worker's) and sends the reply.
-Task<void> serve(ServeWorker& w) {
-    AgentCore& core = *w.core;
-    Connection& conn = *w.conn;
-    Frame& req = *w.request;
-    WorkerInfo caller{conn.peer().name, conn.peer().rank};
-    Frame resp;
-    resp.id = req.id;
-    resp.kind = FrameKind::response;
-    Result<Message> r;
-    if (req.alloc_error) {
-        r = fail(std::move(*req.alloc_error));
-    } else {
-        // The handler runs in this coroutine (run_handler would be one more frame per request).
-        std::shared_ptr<HandlerEntry> h;
-        try {
-            Message request{std::move(req.payload), std::move(req.tensors)};
-            auto t = core.start_handler(req.name, caller, std::move(request), h);  // (GCC 12: not inside co_await)
-            r = co_await std::move(t);
-        } catch (...) {
-            r = fail(error_from_current_exception("handler \"" + req.name + "\""));
-        }
-        r = core.finish_handler(req.name, h, std::move(r));
-    }
-    if (r && !r->tensors.empty()) {
-        if (auto routed = route_reply_tensors(core, caller, r->tensors, resp.targets); !routed) r = fail(std::move(routed).error());
-    }
-    if (r) {
-        resp.payload = std::move(r->payload);
-        resp.tensors = std::move(r->tensors);
-    } else {
-        resp.kind = FrameKind::error;
-        resp.targets.clear();
-        resp.payload = encode_error(r.error());
-    }
-    // Flush now unless more requests are already buffered: their replies then share one write.
-    const bool flush = !conn.input_pending();
-    if (auto s = conn.send(std::move(resp), flush); !s)
-        log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + s.error().to_string());
 }
 
 Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, int rank) {
@@ -201,54 +141,7 @@ Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection
     }
 }
 
-/// Idle workers kept parked at most; beyond that, a worker that finishes exits.
-constexpr std::size_t kMaxIdleWorkers = 128;
-
-Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame first) {
-    ServeWorker w;
-    w.core = std::move(core);
-    w.conn = std::move(conn);
-    w.request = std::move(first);
-    for (;;) {
-        co_await serve(w);
-        w.request.reset();
-        w.conn.reset();
-        if (!w.core->park(w)) break;
-        auto [ec] = co_await w.wake.async_wait(use_nothrow);
-        if (ec || !w.request) break;  // woken to exit (the agent closed)
-    }
-}
-
 }  // namespace
-
-void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, Frame&& request) {
-    if (idle_workers.empty()) {
-        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(request)), log_task_error);
-        return;
-    }
-    ServeWorker* w = idle_workers.back();
-    idle_workers.pop_back();
-    w->core = shared_from_this();
-    w->conn = conn;
-    w->request = std::move(request);
-    w->wake.complete();
-}
-
-bool AgentCore::park(ServeWorker& w) {
-    if (state == State::closed || idle_workers.size() >= kMaxIdleWorkers || w.core.use_count() == 1) return false;
-    idle_workers.push_back(&w);
-    w.core.reset();
-    return true;
-}
-
-void AgentCore::release_workers() {
-    // One at a time: a worker that exits may run code that parks or releases others.
-    while (!idle_workers.empty()) {
-        ServeWorker* w = idle_workers.back();
-        idle_workers.pop_back();
-        w->wake.complete();
-    }
-}
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
@@ -418,20 +311,12 @@ Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std
     f.kind = FrameKind::request;
     f.id = id;
     f.name = handler;
-    f.targets.reserve(message.tensors.size());
-    for (std::size_t i = 0; i < message.tensors.size(); ++i) {
-        const Tensor& t = message.tensors[i];
+    if (const auto i = map_tensor_targets(&peer.map, message.tensors, f.targets); i >= 0) {
+        const Tensor& t = message.tensors[static_cast<std::size_t>(i)];
         if (!t.defined()) return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
-        Device dev = t.device();
-        if (auto m = peer.map.find(dev); m != peer.map.end()) {
-            f.targets.push_back(m->second);
-        } else if (dev.is_cpu()) {
-            f.targets.push_back(Device::cpu());
-        } else {
-            return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
-                                                dev.str() + ", which has no device map from worker \"" + self.name +
-                                                "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
-        }
+        return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
+                                            t.device().str() + ", which has no device map from worker \"" + self.name +
+                                            "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
     }
     f.payload = std::move(message.payload);
     f.tensors = std::move(message.tensors);
@@ -517,73 +402,6 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     call_finished();
     if (pc->result) co_return std::move(*pc->result);
     co_return fail(call_error(to, handler, secs, ec));
-}
-
-namespace {
-Task<Result<Message>> ready(Result<Message> r) { co_return r; }
-}  // namespace
-
-Task<Result<Message>> AgentCore::start_handler(const std::string& name, WorkerInfo caller, Message message,
-                                               std::shared_ptr<HandlerEntry>& entry) {
-    {
-        std::lock_guard lock(handlers_mutex);
-        if (auto it = handlers.find(name); it != handlers.end()) entry = it->second;
-    }
-    if (!entry)
-        return ready(fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
-                                self.name)));
-    ++entry->running;
-    if (entry->coro) return entry->coro(std::move(caller), std::move(message));
-    return asio::co_spawn(worker_pool(), run_blocking(entry->blocking, std::move(caller), std::move(message)), asio::use_awaitable);
-}
-
-Result<Message> AgentCore::finish_handler(const std::string& name, const std::shared_ptr<HandlerEntry>& entry, Result<Message> r) {
-    if (entry && --entry->running == 0 && entry->drained) entry->drained->cancel();
-    if (!entry || r) return r;  // (an unknown handler's not_found goes back as it is)
-    return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
-}
-
-Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
-    std::shared_ptr<HandlerEntry> h;
-    Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
-    try {
-        auto t = start_handler(name, std::move(caller), std::move(message), h);
-        r = co_await std::move(t);
-    } catch (...) {
-        r = fail(error_from_current_exception("handler \"" + name + "\""));
-    }
-    co_return finish_handler(name, h, std::move(r));
-}
-
-Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
-    if (!coro && !blocking) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
-    auto entry = std::make_shared<HandlerEntry>();
-    entry->coro = std::move(coro);
-    entry->blocking = std::move(blocking);
-    std::lock_guard lock(handlers_mutex);
-    auto [it, inserted] = handlers.try_emplace(name, std::move(entry));
-    if (!inserted)
-        return fail(Errc::already_registered,
-                    "a handler named \"" + name + "\" is already registered on worker \"" + self.name + "\"");
-    return ok();
-}
-
-Task<Result<void>> AgentCore::unregister(std::string name) {
-    std::shared_ptr<HandlerEntry> h;
-    {
-        std::lock_guard lock(handlers_mutex);
-        auto it = handlers.find(name);
-        if (it == handlers.end())
-            co_return fail(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"");
-        h = std::move(it->second);
-        handlers.erase(it);
-    }
-    while (h->running > 0) {
-        h->drained = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
-        auto t = h->drained;
-        co_await t->async_wait(use_nothrow);
-    }
-    co_return ok();
 }
 
 // ---- NativeAgent facade ----

@@ -34,10 +34,6 @@ namespace {
 
 constexpr std::string_view kKeyPrefix = "native_agent/";
 
-void log_task_error(std::exception_ptr e) {
-    if (e) log(LogLevel::error, "rpc", error_from_exception_ptr(e, "agent task").to_string());
-}
-
 Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
 
 /// The address of interface `ifname` (IPv4 first), as TensorPipe's TP_SOCKET_IFNAME does.

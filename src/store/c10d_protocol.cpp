@@ -1,6 +1,8 @@
 // The c10d TCPStore wire protocol: type numbering of both dialects and the incremental request parser.
 #include "store/c10d_protocol.hpp"
 
+#include <tensorplay/core/wire.hpp>
+
 #include <array>
 #include <cstring>
 
@@ -208,17 +210,9 @@ void put_bytes(Bytes& b, std::span<const std::uint8_t> v) {
     b.insert(b.end(), v.begin(), v.end());
 }
 
-std::uint64_t get_u64(const std::uint8_t* p) noexcept {
-    std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-    return v;
-}
+std::uint64_t get_u64(const std::uint8_t* p) noexcept { return load_le<std::uint64_t>(p); }
 
-std::uint32_t get_u32(const std::uint8_t* p) noexcept {
-    std::uint32_t v = 0;
-    for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-    return v;
-}
+std::uint32_t get_u32(const std::uint8_t* p) noexcept { return load_le<std::uint32_t>(p); }
 
 std::optional<std::int64_t> parse_counter(std::span<const std::uint8_t> v) noexcept {
     std::size_t i = 0;

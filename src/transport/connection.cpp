@@ -36,6 +36,21 @@ constexpr std::size_t kDirectSendTensors = 14;
 /// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
 constexpr std::size_t kDirectReadMin = 32 * 1024;
 
+/// One non-blocking sendmsg of `iov`: the bytes written (0 when the socket is full); other
+/// failures set `ec`.
+std::size_t sendmsg_now(int fd, iovec* iov, std::size_t count, std::error_code& ec) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    for (;;) {
+        ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n >= 0) return static_cast<std::size_t>(n);
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) ec = std::error_code(errno, asio::error::get_system_category());
+        return 0;
+    }
+}
+
 /// One non-blocking sendmsg of as many buffers as one call takes (IOV_MAX). Writing before
 /// handing the rest to the event loop saves a submission round trip on the latency path.
 std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::const_buffer>& bufs,
@@ -45,17 +60,7 @@ std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::c
         if (iov.size() == IOV_MAX) break;
         iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
     }
-    msghdr msg{};
-    msg.msg_iov = iov.data();
-    msg.msg_iovlen = iov.size();
-    for (;;) {
-        ssize_t n = ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n >= 0) return static_cast<std::size_t>(n);
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        ec = std::error_code(errno, asio::error::get_system_category());
-        return 0;
-    }
+    return sendmsg_now(sock.native_handle(), iov.data(), iov.size(), ec);
 }
 
 /// Completion condition for async_read/async_write: all of it, and all of the rest in every
@@ -180,19 +185,13 @@ struct ConnectionState {
         add(scratch.data(), scratch.size());
         if (!payload_inline) add(frame.payload.data(), frame.payload.size());
         for (auto& t : frame.tensors) add(t.data(), t.nbytes());
-        msghdr msg{};
-        msg.msg_iov = v;
-        msg.msg_iovlen = cnt;
-        ssize_t n;
-        do n = ::sendmsg(socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (n < 0 && errno == EINTR);
+        std::error_code ec;
+        const std::size_t written = sendmsg_now(socket.native_handle(), v, cnt, ec);
         ++stats.writes;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            close(from_error_code(std::error_code(errno, asio::error::get_system_category()), "writing to " + who())
-                      .on_worker(peer.name));
+        if (ec) {
+            close(from_error_code(ec, "writing to " + who()).on_worker(peer.name));
             return fail(closed_error());
         }
-        const std::size_t written = n < 0 ? 0 : static_cast<std::size_t>(n);
         if (written == total) {
             ++stats.frames_sent;
             return ok();
@@ -279,8 +278,6 @@ struct ConnectionState {
         co_return ok();
     }
 
-    /// Reads one frame; `keep` holds this state for the read. The buffered cases skip the nested
-    /// coroutines (each co_await of one is a frame allocation and a trip through Asio's pump).
     enum class Parse { frame, more, general, bad };
 
     /// The common case without waiting: a whole frame without tensors in the buffer. `more`: read

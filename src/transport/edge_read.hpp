@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <system_error>
 #include <utility>
 

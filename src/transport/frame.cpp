@@ -33,12 +33,13 @@ Device get_device(WireReader& r, std::string_view what) {
 namespace {
 
 /// Little-endian stores into a buffer sized beforehand (one store per field on x86, where the
-/// compiler folds the byte loop; WireWriter's push_back per byte cost a check per byte).
+/// compiler folds store_le's byte loop; WireWriter's push_back per byte cost a check per byte).
 struct Put {
     std::uint8_t* p;
     template <class U>
     Put& le(U v) {
-        for (std::size_t i = 0; i < sizeof(U); ++i) *p++ = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
+        store_le(p, v);
+        p += sizeof(U);
         return *this;
     }
     Put& raw(const void* src, std::size_t n) {
@@ -48,13 +49,6 @@ struct Put {
     }
     Put& device(Device d) { return le(static_cast<std::uint8_t>(d.type)).le(static_cast<std::uint16_t>(static_cast<std::int16_t>(d.index))); }
 };
-
-template <class U>
-U get_le(const std::uint8_t* p) {
-    U v = 0;
-    for (std::size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(p[i]) << (8 * i));
-    return v;
-}
 
 /// Bytes of one tensor descriptor on the wire.
 std::size_t desc_size(const Tensor& t) { return 1 + 3 + 3 + 1 + 8 * t.shape().size() + 8; }
@@ -110,12 +104,12 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
         return fail(Errc::protocol_error, "frame header of " + std::to_string(bytes.size()) + " bytes (needs " +
                                               std::to_string(kFrameHeaderSize) + ")");
     const std::uint8_t* p = bytes.data();
-    const auto marker = get_le<std::uint16_t>(p);
+    const auto marker = load_le<std::uint16_t>(p);
     const auto kind = p[2];
     FrameHeader h;
-    h.meta_len = get_le<std::uint32_t>(p + 4);
-    h.id = get_le<std::uint64_t>(p + 8);
-    h.payload_len = get_le<std::uint64_t>(p + 16);
+    h.meta_len = load_le<std::uint32_t>(p + 4);
+    h.id = load_le<std::uint64_t>(p + 8);
+    h.payload_len = load_le<std::uint64_t>(p + 16);
     if (marker != kFrameMarker)
         return fail(Errc::protocol_error, "bad frame marker 0x" + std::to_string(marker) + " (garbage on the stream?)");
     if (kind < 1 || kind > 3) return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
@@ -133,9 +127,9 @@ Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const C
     FrameMeta m;
     // The common case, a frame without tensors: a name and a zero count, exactly.
     if (bytes.size() >= 8) {
-        const std::size_t name_len = get_le<std::uint32_t>(bytes.data());
+        const std::size_t name_len = load_le<std::uint32_t>(bytes.data());
         if (name_len <= limits.max_name_len && bytes.size() == 8 + name_len &&
-            get_le<std::uint32_t>(bytes.data() + 4 + name_len) == 0) {
+            load_le<std::uint32_t>(bytes.data() + 4 + name_len) == 0) {
             m.name.assign(reinterpret_cast<const char*>(bytes.data() + 4), name_len);
             return m;
         }

@@ -15,6 +15,20 @@
 
 namespace tensorplay {
 
+/// Reads a little-endian fixed-width integer at `p` (the caller checked the bounds).
+template <class U>
+[[nodiscard]] constexpr U load_le(const std::uint8_t* p) noexcept {
+    U v = 0;
+    for (std::size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(p[i]) << (8 * i));
+    return v;
+}
+
+/// Writes `v` little-endian at `p` (the caller sized the buffer).
+template <class U>
+constexpr void store_le(std::uint8_t* p, U v) noexcept {
+    for (std::size_t i = 0; i < sizeof(U); ++i) p[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
+}
+
 /// Appends little-endian fixed-width integers and length-prefixed strings to a Bytes buffer.
 class WireWriter {
 public:
@@ -93,8 +107,7 @@ private:
     template <class U>
     U get_le(std::string_view what) {
         if (!need(sizeof(U), what)) return 0;
-        U v = 0;
-        for (std::size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(data_[pos_ + i]) << (8 * i));
+        const U v = load_le<U>(data_.data() + pos_);
         pos_ += sizeof(U);
         return v;
     }
