@@ -111,9 +111,11 @@ TEST_CASE("recycled blocks are reused by size and may be freed on another thread
     std::memset(big, 0x11, 64 * 1024);
     detail::recycled_free(big, 64 * 1024);
 
-    // A block allocated here, freed on another thread (its lists take it), then reused there.
+    // A block allocated here, freed on another thread (its lists take it), then reused there. (A
+    // thread's lists exist from its first allocation; before that, frees go to operator delete.)
     bool reused_there = false;  // (Catch2 v2 assertions are not thread-safe: checked after the join)
     std::thread other([b, &reused_there] {
+        detail::recycled_free(detail::recycled_allocate(1000), 1000);  // creates this thread's lists
         detail::recycled_free(b, 48);
         void* again = detail::recycled_allocate(48);
         reused_there = again == b;
