@@ -63,11 +63,24 @@ struct PendingCall {
 /// and resumes it in place; co_spawn per request would post a completion through the event loop.
 /// A parked worker holds no reference to the agent; whoever wakes it hands it one.
 struct AgentCore;
+struct HandlerEntry;
+
+/// A request as a serving worker takes it: the handler is looked up (and counted as running) by
+/// the reader, so that unregister waits for it.
+struct ServeRequest {
+    std::uint64_t id = 0;
+    std::shared_ptr<HandlerEntry> entry;  ///< null: no such handler (`unknown` names it), or `error`
+    std::string unknown;
+    Message message;
+    std::optional<Error> error;  ///< the request could not be received whole (a tensor refused)
+};
+
 struct ServeWorker {
     ResumeSlot wake;
     std::shared_ptr<AgentCore> core;
     std::shared_ptr<Connection> conn;
-    std::optional<Frame> request;  ///< empty when woken to exit
+    bool has_request = false;  ///< false when woken to exit
+    ServeRequest req;
 };
 
 /// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
@@ -86,6 +99,7 @@ struct PeerLink {
 };
 
 struct HandlerEntry {
+    std::string name;
     RpcHandler coro;
     BlockingRpcHandler blocking;
     int running = 0;
@@ -119,7 +133,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<std::weak_ptr<Connection>> inbound;
 
     std::mutex handlers_mutex;
-    std::unordered_map<std::string, std::shared_ptr<HandlerEntry>> handlers;
+    std::map<std::string, std::shared_ptr<HandlerEntry>, std::less<>> handlers;  // (found by string_view)
     std::mutex pool_mutex;
     std::unique_ptr<asio::thread_pool> pool;
 
@@ -165,18 +179,21 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
     [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
-    /// Looks up handler `name` and starts it (the user's coroutine, or the blocking handler on the
-    /// pool), raising its running count; `entry` is left empty when there is none (the task then
-    /// yields not_found). Pair with finish_handler.
-    [[nodiscard]] Task<Result<Message>> start_handler(const std::string& name, WorkerInfo caller, Message message,
-                                                      std::shared_ptr<HandlerEntry>& entry);
+    /// Looks up handler `name` and raises its running count (null when there is none). Pair a
+    /// found entry with finish_handler.
+    [[nodiscard]] std::shared_ptr<HandlerEntry> find_handler(std::string_view name);
+    /// The not_found error of a call to handler `name`.
+    [[nodiscard]] Error no_handler(std::string_view name) const;
+    /// Starts a found handler: the user's coroutine, or the blocking handler on the pool.
+    [[nodiscard]] Task<Result<Message>> start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message);
     /// Lowers the running count and turns a handler's failure into remote_error.
-    [[nodiscard]] Result<Message> finish_handler(const std::string& name, const std::shared_ptr<HandlerEntry>& entry,
-                                                 Result<Message> r);
+    [[nodiscard]] Result<Message> finish_handler(HandlerEntry& entry, Result<Message> r);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
-    /// Serves a request on a parked worker (resumed in place) or a new one.
-    void serve_request(const std::shared_ptr<Connection>& conn, Frame&& request);
+    /// Serves request `id` for handler `name` on a parked worker (resumed in place) or a new one;
+    /// `error`: it could not be received whole (answered with that error).
+    void serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name, Message&& message,
+                       Error* error);
     /// Wakes every parked worker to exit.
     void release_workers();
     /// Parks `w` for the next request unless the agent is closing, enough are parked already, or

@@ -96,50 +96,83 @@ private:
     bool linked_ = false;
 };
 
-void on_reply(PeerLink& peer, Frame& f) {
-    auto it = peer.pending.find(f.id);
+/// The pending call that reply `id` answers, unlinked from its peer; null for a late reply (the
+/// call timed out or was cancelled), which is dropped.
+PendingCall* take_pending(PeerLink& peer, std::uint64_t id) {
+    auto it = peer.pending.find(id);
     if (it == peer.pending.end()) {
-        // The call timed out or was cancelled: its late reply is dropped.
-        log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(f.id) + " from worker \"" + peer.info.name + "\"");
-        return;
+        log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
+        return nullptr;
     }
     PendingCall* pc = it->second;
     peer.pending.erase(it);
-    if (f.kind == FrameKind::error) {
-        pc->finish(fail(decode_error(f.payload, peer.info.name)));
-    } else if (f.alloc_error) {
-        pc->finish(fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\"")));
-    } else {
-        pc->finish(Message{std::move(f.payload), std::move(f.tensors)});
-    }
+    return pc;
 }
 
-Task<void> read_loop(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, int rank) {
-    for (;;) {
-        auto f = co_await conn->receive();
-        if (!f) {
-            if (rank >= 0) {
-                auto& peer = core->peers[rank];
-                if (peer.conn == conn) peer.conn.reset();
-                Errc code = core->state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
-                core->fail_pending(peer, conn.get(),
-                                   Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + f.error().message(),
-                                         peer.info.name));
+/// Receives on one of the agent's connections (outgoing: `rank` >= 0, replies to our calls and
+/// requests; inbound: requests only): requests go to serving workers, replies resume their calls.
+/// Runs inside the connection's reads (Connection::dispatch_to): a reply resumes its caller in
+/// place, and a request its serving worker.
+class ConnectionReader final : public FrameSink {
+public:
+    ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, int rank)
+        : core_(std::move(core)), conn_(std::move(conn)), rank_(rank) {}
+
+    void on_small_frame(const FrameView& f) override {
+        if (f.kind == FrameKind::request) {
+            core_->serve_request(conn_, f.id, f.name, Message{Bytes(f.payload.begin(), f.payload.end()), {}}, nullptr);
+        } else if (rank_ >= 0) {
+            PeerLink& peer = core_->peers[rank_];
+            if (PendingCall* pc = take_pending(peer, f.id)) {
+                if (f.kind == FrameKind::error) pc->finish(fail(decode_error(f.payload, peer.info.name)));
+                else pc->finish(Message{Bytes(f.payload.begin(), f.payload.end()), {}});
             }
-            if (core->state != AgentCore::State::closed && f.error().code() != Errc::connection_lost)
-                log(LogLevel::warn, "rpc", "closing the connection with " + conn->describe() + ": " + f.error().to_string());
-            conn->close();
-            co_return;
-        }
-        if (f->kind == FrameKind::request) {
-            core->serve_request(conn, std::move(*f));
-        } else if (rank >= 0) {
-            on_reply(core->peers[rank], *f);
         } else {
-            conn->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request"));
+            unexpected_reply();
         }
     }
-}
+
+    void on_frame(Frame&& f) override {
+        if (f.kind == FrameKind::request) {
+            core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors)},
+                                 f.alloc_error ? &*f.alloc_error : nullptr);
+        } else if (rank_ >= 0) {
+            PeerLink& peer = core_->peers[rank_];
+            PendingCall* pc = take_pending(peer, f.id);
+            if (!pc) return;
+            if (f.kind == FrameKind::error) {
+                pc->finish(fail(decode_error(f.payload, peer.info.name)));
+            } else if (f.alloc_error) {
+                pc->finish(fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\"")));
+            } else {
+                pc->finish(Message{std::move(f.payload), std::move(f.tensors)});
+            }
+        } else {
+            unexpected_reply();
+        }
+    }
+
+    void on_closed(const Error& why) override {
+        AgentCore& core = *core_;
+        if (rank_ >= 0) {
+            auto& peer = core.peers[rank_];
+            if (peer.conn == conn_) peer.conn.reset();
+            Errc code = core.state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
+            core.fail_pending(peer, conn_.get(),
+                              Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
+        }
+        if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost)
+            log(LogLevel::warn, "rpc", "closing the connection with " + conn_->describe() + ": " + why.to_string());
+        conn_->close();
+    }
+
+private:
+    void unexpected_reply() { conn_->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request")); }
+
+    std::shared_ptr<AgentCore> core_;
+    std::shared_ptr<Connection> conn_;
+    int rank_;
+};
 
 }  // namespace
 
@@ -154,7 +187,8 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
         inbound.push_back(conn);
     }
-    asio::co_spawn(ex, read_loop(shared_from_this(), std::move(conn), rank), log_task_error);
+    auto* c = conn.get();
+    c->dispatch_to(std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), rank));
 }
 
 Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
@@ -307,20 +341,15 @@ Result<int> AgentCore::check_call(const std::string& to) const {
 }
 
 Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush) {
-    Frame f;
-    f.kind = FrameKind::request;
-    f.id = id;
-    f.name = handler;
-    if (const auto i = map_tensor_targets(&peer.map, message.tensors, f.targets); i >= 0) {
+    std::vector<Device> targets;
+    if (const auto i = map_tensor_targets(&peer.map, message.tensors, targets); i >= 0) {
         const Tensor& t = message.tensors[static_cast<std::size_t>(i)];
         if (!t.defined()) return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
         return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
                                             t.device().str() + ", which has no device map from worker \"" + self.name +
                                             "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
     }
-    f.payload = std::move(message.payload);
-    f.tensors = std::move(message.tensors);
-    if (auto s = peer.conn->send(std::move(f), flush); !s) {
+    if (auto s = peer.conn->send(FrameKind::request, id, handler, message.payload, message.tensors, targets, flush); !s) {
         if (s.error().code() == Errc::invalid_argument) return fail(std::move(s).error());
         return fail(Error(Errc::connection_lost, "rpc to worker \"" + peer.info.name + "\": " + s.error().message(), peer.info.name));
     }

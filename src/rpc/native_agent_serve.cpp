@@ -42,73 +42,90 @@ Result<void> route_reply_tensors(const AgentCore& core, const WorkerInfo& caller
 Task<void> serve(ServeWorker& w) {
     AgentCore& core = *w.core;
     Connection& conn = *w.conn;
-    Frame& req = *w.request;
+    ServeRequest& req = w.req;
     WorkerInfo caller{conn.peer().name, conn.peer().rank};
-    Frame resp;
-    resp.id = req.id;
-    resp.kind = FrameKind::response;
-    Result<Message> r;
-    if (req.alloc_error) {
-        r = fail(std::move(*req.alloc_error));
+    Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
+    if (req.error) {
+        r = fail(std::move(*req.error));
+    } else if (!req.entry) {
+        r = fail(core.no_handler(req.unknown));
     } else {
         // The handler runs in this coroutine (run_handler would be one more frame per request).
-        std::shared_ptr<HandlerEntry> h;
         try {
-            Message request{std::move(req.payload), std::move(req.tensors)};
-            auto t = core.start_handler(req.name, caller, std::move(request), h);  // (GCC 12: not inside co_await)
+            auto t = core.start_handler(*req.entry, caller, std::move(req.message));  // (GCC 12: not inside co_await)
             r = co_await std::move(t);
         } catch (...) {
-            r = fail(error_from_current_exception("handler \"" + req.name + "\""));
+            r = fail(error_from_current_exception("handler \"" + req.entry->name + "\""));
         }
-        r = core.finish_handler(req.name, h, std::move(r));
+        r = core.finish_handler(*req.entry, std::move(r));
     }
+    std::vector<Device> targets;
     if (r && !r->tensors.empty()) {
-        if (auto routed = route_reply_tensors(core, caller, r->tensors, resp.targets); !routed) r = fail(std::move(routed).error());
-    }
-    if (r) {
-        resp.payload = std::move(r->payload);
-        resp.tensors = std::move(r->tensors);
-    } else {
-        resp.kind = FrameKind::error;
-        resp.targets.clear();
-        resp.payload = encode_error(r.error());
+        if (auto routed = route_reply_tensors(core, caller, r->tensors, targets); !routed) r = fail(std::move(routed).error());
     }
     // Flush now unless more requests are already buffered: their replies then share one write.
     const bool flush = !conn.input_pending();
-    if (auto s = conn.send(std::move(resp), flush); !s)
-        log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + s.error().to_string());
+    Result<void> sent;
+    if (r) {
+        sent = conn.send(FrameKind::response, req.id, {}, r->payload, r->tensors, targets, flush);
+    } else {
+        Bytes e = encode_error(r.error());
+        std::vector<Tensor> none;
+        sent = conn.send(FrameKind::error, req.id, {}, e, none, {}, flush);
+    }
+    if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + sent.error().to_string());
 }
 
 /// Idle workers kept parked at most; beyond that, a worker that finishes exits.
 constexpr std::size_t kMaxIdleWorkers = 128;
 
-Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, Frame first) {
+Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, ServeRequest first) {
     ServeWorker w;
     w.core = std::move(core);
     w.conn = std::move(conn);
-    w.request = std::move(first);
+    w.req = std::move(first);
+    w.has_request = true;
     for (;;) {
         co_await serve(w);
-        w.request.reset();
+        w.has_request = false;
+        w.req.entry.reset();
+        w.req.error.reset();
         w.conn.reset();
         if (!w.core->park(w)) break;
         auto [ec] = co_await w.wake.async_wait(use_nothrow);
-        if (ec || !w.request) break;  // woken to exit (the agent closed)
+        if (ec || !w.has_request) break;  // woken to exit (the agent closed)
     }
 }
 
 }  // namespace
 
-void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, Frame&& request) {
+void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name,
+                              Message&& message, Error* error) {
+    ServeRequest* req;
+    ServeWorker* w = nullptr;
+    ServeRequest fresh;
     if (idle_workers.empty()) {
-        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(request)), log_task_error);
+        req = &fresh;
+    } else {
+        w = idle_workers.back();
+        idle_workers.pop_back();
+        req = &w->req;
+    }
+    req->id = id;
+    if (error) {
+        req->error = std::move(*error);
+    } else {
+        req->entry = find_handler(name);
+        if (!req->entry) req->unknown = name;
+        req->message = std::move(message);
+    }
+    if (!w) {
+        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(fresh)), log_task_error);
         return;
     }
-    ServeWorker* w = idle_workers.back();
-    idle_workers.pop_back();
     w->core = shared_from_this();
     w->conn = conn;
-    w->request = std::move(request);
+    w->has_request = true;
     w->wake.complete();
 }
 
@@ -128,45 +145,49 @@ void AgentCore::release_workers() {
     }
 }
 
-namespace {
-Task<Result<Message>> ready(Result<Message> r) { co_return r; }
-}  // namespace
-
-Task<Result<Message>> AgentCore::start_handler(const std::string& name, WorkerInfo caller, Message message,
-                                               std::shared_ptr<HandlerEntry>& entry) {
+std::shared_ptr<HandlerEntry> AgentCore::find_handler(std::string_view name) {
+    std::shared_ptr<HandlerEntry> entry;
     {
         std::lock_guard lock(handlers_mutex);
         if (auto it = handlers.find(name); it != handlers.end()) entry = it->second;
     }
-    if (!entry)
-        return ready(fail(Error(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"",
-                                self.name)));
-    ++entry->running;
-    if (entry->coro) return entry->coro(std::move(caller), std::move(message));
-    return asio::co_spawn(worker_pool(), run_blocking(entry->blocking, std::move(caller), std::move(message)), asio::use_awaitable);
+    if (entry) ++entry->running;
+    return entry;
 }
 
-Result<Message> AgentCore::finish_handler(const std::string& name, const std::shared_ptr<HandlerEntry>& entry, Result<Message> r) {
-    if (entry && --entry->running == 0 && entry->drained) entry->drained->cancel();
-    if (!entry || r) return r;  // (an unknown handler's not_found goes back as it is)
-    return fail(Error(Errc::remote_error, "handler \"" + name + "\" failed: " + r.error().to_string(), self.name));
+Error AgentCore::no_handler(std::string_view name) const {
+    return Error(Errc::not_found, "no handler named \"" + std::string(name) + "\" is registered on worker \"" + self.name + "\"",
+                 self.name);
+}
+
+Task<Result<Message>> AgentCore::start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message) {
+    if (entry.coro) return entry.coro(std::move(caller), std::move(message));
+    return asio::co_spawn(worker_pool(), run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
+}
+
+Result<Message> AgentCore::finish_handler(HandlerEntry& entry, Result<Message> r) {
+    if (--entry.running == 0 && entry.drained) entry.drained->cancel();
+    if (r) return r;
+    return fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), self.name));
 }
 
 Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
-    std::shared_ptr<HandlerEntry> h;
-    Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
+    auto h = find_handler(name);
+    if (!h) co_return fail(no_handler(name));
+    Result<Message> r;
     try {
-        auto t = start_handler(name, std::move(caller), std::move(message), h);
+        auto t = start_handler(*h, std::move(caller), std::move(message));
         r = co_await std::move(t);
     } catch (...) {
         r = fail(error_from_current_exception("handler \"" + name + "\""));
     }
-    co_return finish_handler(name, h, std::move(r));
+    co_return finish_handler(*h, std::move(r));
 }
 
 Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
     if (!coro && !blocking) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
     auto entry = std::make_shared<HandlerEntry>();
+    entry->name = name;
     entry->coro = std::move(coro);
     entry->blocking = std::move(blocking);
     std::lock_guard lock(handlers_mutex);

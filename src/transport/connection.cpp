@@ -172,9 +172,10 @@ struct ConnectionState {
         wake.cancel();
     }
 
-    /// Writes `frame` (head in `scratch`) with one non-blocking sendmsg; queues what the socket
-    /// did not take for the writer. The queue must be empty and no write in progress.
-    Result<void> send_direct(Frame& frame, bool payload_inline) {
+    /// Writes a frame (head in `scratch`) with one non-blocking sendmsg; queues what the socket
+    /// did not take for the writer (taking `payload` and `tensors`). The queue must be empty and
+    /// no write in progress.
+    Result<void> send_direct(Bytes& payload, std::vector<Tensor>& tensors, bool payload_inline) {
         iovec v[2 + kDirectSendTensors];
         std::size_t cnt = 0, total = 0;
         auto add = [&](const void* p, std::size_t n) {
@@ -183,8 +184,8 @@ struct ConnectionState {
             total += n;
         };
         add(scratch.data(), scratch.size());
-        if (!payload_inline) add(frame.payload.data(), frame.payload.size());
-        for (auto& t : frame.tensors) add(t.data(), t.nbytes());
+        if (!payload_inline) add(payload.data(), payload.size());
+        for (auto& t : tensors) add(t.data(), t.nbytes());
         std::error_code ec;
         const std::size_t written = sendmsg_now(socket.native_handle(), v, cnt, ec);
         ++stats.writes;
@@ -196,7 +197,7 @@ struct ConnectionState {
             ++stats.frames_sent;
             return ok();
         }
-        queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)});
+        queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(payload), std::move(tensors)});
         queue_written = written;
         wake.cancel();
         return ok();
@@ -280,13 +281,16 @@ struct ConnectionState {
 
     enum class Parse { frame, more, general, bad };
 
-    /// The common case without waiting: a whole frame without tensors in the buffer. `more`: read
-    /// first (the buffer has room for the whole frame); `general`: read_frame's general path.
-    Parse parse_buffered(Frame& f, std::optional<Error>& err) {
+    /// The common case without waiting: a whole frame without tensors in the buffer, viewed where
+    /// it lies (and consumed: the views stay valid until the buffer is next read into or
+    /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
+    /// read_general's path.
+    Parse parse_view(FrameView& f, std::optional<Error>& err) {
         const std::size_t avail = rend - rbeg;
         std::size_t need = kFrameHeaderSize;
         if (avail >= kFrameHeaderSize) {
-            auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
+            const std::uint8_t* p = rbuf.data() + rbeg;
+            auto h = decode_frame_header({p, kFrameHeaderSize}, limits);
             if (!h) {
                 err = broken(std::move(h).error().context("frame from " + who()).on_worker(peer.name));
                 return Parse::bad;
@@ -295,17 +299,17 @@ struct ConnectionState {
             if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
             need += body;
             if (avail >= need) {
-                auto meta = decode_frame_meta({rbuf.data() + rbeg + kFrameHeaderSize, h->meta_len}, limits);
-                if (!meta) {
-                    err = broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name));
+                const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h->meta_len};
+                if (!decode_small_meta(meta, limits, f.name)) {
+                    // Tensors (the general path), or malformed: decode_frame_meta says which.
+                    auto m = decode_frame_meta(meta, limits);
+                    if (m) return Parse::general;
+                    err = broken(std::move(m).error().context("frame from " + who()).on_worker(peer.name));
                     return Parse::bad;
                 }
-                if (!meta->tensors.empty()) return Parse::general;
-                const std::uint8_t* payload = rbuf.data() + rbeg + kFrameHeaderSize + h->meta_len;
                 f.kind = h->kind;
                 f.id = h->id;
-                f.name = std::move(meta->name);
-                f.payload.assign(payload, payload + h->payload_len);
+                f.payload = {p + kFrameHeaderSize + h->meta_len, h->payload_len};
                 rbeg += need;
                 if (rbeg == rend) rbeg = rend = 0;
                 ++stats.frames_received;
@@ -318,6 +322,18 @@ struct ConnectionState {
             rbeg = 0;
         }
         return Parse::more;
+    }
+
+    /// parse_view, into a Frame.
+    Parse parse_buffered(Frame& f, std::optional<Error>& err) {
+        FrameView v;
+        const Parse p = parse_view(v, err);
+        if (p != Parse::frame) return p;
+        f.kind = v.kind;
+        f.id = v.id;
+        f.name = v.name;
+        f.payload.assign(v.payload.begin(), v.payload.end());
+        return p;
     }
 
     /// The error of a failed socket read (the connection is closed by it).
@@ -440,6 +456,85 @@ void start_writer(const std::shared_ptr<ConnectionState>& s) {
     });
 }
 
+}  // namespace
+
+struct DispatchReader;
+/// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader).
+void dispatch_frames(DispatchReader r);
+
+/// A connection's reader in dispatch mode (Connection::dispatch_to): the completion handler of its
+/// socket reads. It hands every whole frame in the buffer to the sink, then starts the next read
+/// with itself as the handler; a frame for the general path goes to a coroutine, which carries on
+/// the same way when that frame is done.
+struct DispatchReader {
+    std::shared_ptr<ConnectionState> s;
+    std::shared_ptr<FrameSink> sink;
+
+    using executor_type = Executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return s->socket.get_executor(); }
+
+    void operator()(std::error_code ec, std::size_t n) {
+        ++s->stats.reads;
+        if (ec) {
+            sink->on_closed(s->read_error(ec));
+            return;
+        }
+        s->rend += n;
+        dispatch_frames(std::move(*this));
+    }
+};
+
+namespace {
+Task<void> dispatch_general(DispatchReader r) {
+    auto f = co_await r.s->read_general();
+    if (!f) {
+        r.sink->on_closed(f.error());
+        co_return;
+    }
+    r.sink->on_frame(std::move(*f));
+    dispatch_frames(std::move(r));
+}
+}  // namespace
+
+void dispatch_frames(DispatchReader r) {
+    ConnectionState& s = *r.s;
+    try {
+        for (;;) {
+            if (!s.open) {
+                r.sink->on_closed(s.closed_error());
+                return;
+            }
+            FrameView v;
+            std::optional<Error> err;
+            switch (s.parse_view(v, err)) {
+            case ConnectionState::Parse::frame:
+                r.sink->on_small_frame(v);
+                continue;
+            case ConnectionState::Parse::bad:
+                r.sink->on_closed(*err);
+                return;
+            case ConnectionState::Parse::general: {
+                auto ex = s.socket.get_executor();
+                asio::co_spawn(ex, dispatch_general(std::move(r)), [](std::exception_ptr e) {
+                    if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection reader").to_string());
+                });
+                return;
+            }
+            case ConnectionState::Parse::more:
+                async_edge_read(s.socket, asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend), s.edge, std::move(r));
+                return;
+            }
+        }
+    } catch (...) {
+        // A sink that throws (out of memory) ends this connection, not the event loop.
+        auto e = error_from_current_exception("connection reader").on_worker(s.peer.name);
+        s.close(e);
+        if (r.sink) r.sink->on_closed(e);
+    }
+}
+
+namespace {
+
 Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
 
 Task<Result<void>> write_all(asio::ip::tcp::socket& sock, Bytes bytes, std::string what) {
@@ -549,20 +644,26 @@ Executor Connection::get_executor() const { return state_->socket.get_executor()
 void Connection::set_allocator(TensorAllocator allocator) { state_->allocator = std::move(allocator); }
 
 Result<void> Connection::send(Frame frame, bool flush) {
+    return send(frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
+}
+
+Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                              std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
     auto& s = *state_;
     if (!s.open) return fail(s.closed_error());
+    const detail::FrameParts parts{kind, id, name, payload, tensors, targets};
     bool inl = false;
     // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
     // buffer; only a rest the socket does not take is queued for the writer.
-    if (flush && !s.writing && s.queue.empty() && frame.tensors.size() <= detail::kDirectSendTensors) {
-        if (auto h = detail::encode_frame_head(frame, s.limits, s.scratch, inl); !h)
+    if (flush && !s.writing && s.queue.empty() && tensors.size() <= detail::kDirectSendTensors) {
+        if (auto h = detail::encode_frame_head(parts, s.limits, s.scratch, inl); !h)
             return fail(std::move(h).error().context("sending to " + s.who()));
-        return s.send_direct(frame, inl);
+        return s.send_direct(payload, tensors, inl);
     }
     Bytes head;
-    if (auto h = detail::encode_frame_head(frame, s.limits, head, inl); !h)
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(frame.payload), std::move(frame.tensors)};
+    detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors)};
     bool was_empty = s.queue.empty();
     s.queue.push_back(std::move(out));
     // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
@@ -581,6 +682,10 @@ bool Connection::input_pending() const noexcept { return state_->rend > state_->
 
 Task<Result<Frame>> Connection::receive() {
     return state_->read_frame(state_);  // the state stays alive across the read even if this handle goes
+}
+
+void Connection::dispatch_to(std::shared_ptr<FrameSink> sink) {
+    detail::dispatch_frames(detail::DispatchReader{state_, std::move(sink)});
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }

@@ -55,7 +55,7 @@ std::size_t desc_size(const Tensor& t) { return 1 + 3 + 3 + 1 + 8 * t.shape().si
 
 }  // namespace
 
-Result<void> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, Bytes& out, bool& payload_inline) {
+Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& limits, Bytes& out, bool& payload_inline) {
     if (frame.name.size() > limits.max_name_len)
         return fail(Errc::invalid_argument, "handler name of " + std::to_string(frame.name.size()) +
                                                 " bytes exceeds the limit of " + std::to_string(limits.max_name_len));
@@ -123,16 +123,21 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
     return h;
 }
 
+bool decode_small_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits, std::string_view& name) noexcept {
+    // A name and a zero tensor count, exactly.
+    if (bytes.size() < 8) return false;
+    const std::size_t name_len = load_le<std::uint32_t>(bytes.data());
+    if (name_len > limits.max_name_len || bytes.size() != 8 + name_len || load_le<std::uint32_t>(bytes.data() + 4 + name_len) != 0)
+        return false;
+    name = std::string_view(reinterpret_cast<const char*>(bytes.data() + 4), name_len);
+    return true;
+}
+
 Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
     FrameMeta m;
-    // The common case, a frame without tensors: a name and a zero count, exactly.
-    if (bytes.size() >= 8) {
-        const std::size_t name_len = load_le<std::uint32_t>(bytes.data());
-        if (name_len <= limits.max_name_len && bytes.size() == 8 + name_len &&
-            load_le<std::uint32_t>(bytes.data() + 4 + name_len) == 0) {
-            m.name.assign(reinterpret_cast<const char*>(bytes.data() + 4), name_len);
-            return m;
-        }
+    if (std::string_view name; decode_small_meta(bytes, limits, name)) {
+        m.name = name;
+        return m;
     }
     WireReader r(bytes);
     m.name = std::string(r.str32(limits.max_name_len, "handler name"));

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <span>
+#include <string_view>
 
 namespace tensorplay::detail {
 
@@ -29,10 +30,28 @@ struct FrameMeta {
     std::vector<TensorDesc> tensors;
 };
 
+/// What encode_frame_head reads of a frame to send (views: no Frame need be built).
+struct FrameParts {
+    FrameKind kind = FrameKind::request;
+    std::uint64_t id = 0;
+    std::string_view name;
+    std::span<const std::uint8_t> payload;
+    std::span<const Tensor> tensors;
+    std::span<const Device> targets;  ///< where tensor i lands (missing entries: its own device)
+};
+
 /// Encodes header + meta (+ the payload when it is small: `payload_inline` says so) into `out`
 /// (resized to fit; its capacity is reused).
-[[nodiscard]] Result<void> encode_frame_head(const Frame& frame, const ConnectionLimits& limits, Bytes& out,
+[[nodiscard]] Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& limits, Bytes& out,
                                              bool& payload_inline);
+[[nodiscard]] inline Result<void> encode_frame_head(const Frame& f, const ConnectionLimits& limits, Bytes& out,
+                                                    bool& payload_inline) {
+    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets}, limits, out, payload_inline);
+}
+/// The common metadata block, read without allocating: a name and no tensors. False when the
+/// block is anything else (decode_frame_meta then says what it is).
+[[nodiscard]] bool decode_small_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits,
+                                     std::string_view& name) noexcept;
 [[nodiscard]] Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 [[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 

@@ -3,7 +3,10 @@
 
 #include "transport/transport_test_util.hpp"
 
+#include <asio/steady_timer.hpp>
+
 #include <numeric>
+#include <optional>
 
 using namespace tensorplay;
 using namespace std::chrono_literals;
@@ -234,5 +237,114 @@ TEST_CASE("sending after close fails and receive reports the closed connection",
         auto r = co_await p.server->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::connection_lost);
+    });
+}
+
+namespace {
+
+/// Records what Connection::dispatch_to hands it, and how.
+struct RecordingSink final : FrameSink {
+    struct Got {
+        bool small = false;
+        FrameKind kind{};
+        std::uint64_t id = 0;
+        std::string name;
+        Bytes payload;
+        std::vector<Tensor> tensors;
+    };
+    std::vector<Got> got;
+    int closed = 0;
+    std::optional<Error> why;
+
+    void on_small_frame(const FrameView& f) override {
+        got.push_back(Got{true, f.kind, f.id, std::string(f.name), Bytes(f.payload.begin(), f.payload.end()), {}});
+    }
+    void on_frame(Frame&& f) override {
+        got.push_back(Got{false, f.kind, f.id, std::move(f.name), std::move(f.payload), std::move(f.tensors)});
+    }
+    void on_closed(const Error& e) override {
+        ++closed;
+        why = e;
+    }
+};
+
+/// Waits (polling; the test's deadline bounds it) until `done()`.
+template <class F>
+Task<void> until(F done) {
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    while (!done()) {
+        t.expires_after(1ms);
+        co_await t.async_wait(tensorplay::detail::use_nothrow);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("dispatch_to hands over small frames in place and the others whole, in order, then the close once", "[transport]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await test::make_pair();
+        auto sink = std::make_shared<RecordingSink>();
+        p.server->dispatch_to(sink);
+        Tensor t = iota_tensor(1 << 20, 5);
+        std::vector<Tensor> ts;
+        ts.push_back(t);
+        Bytes big(300 * 1024);  // larger than the read buffer: the general path
+        std::iota(big.begin(), big.end(), std::uint8_t{9});
+        REQUIRE(p.client->send(request(1, "first", bytes("a"))));
+        REQUIRE(p.client->send(request(2, "tensor", bytes("b"), std::move(ts))));
+        REQUIRE(p.client->send(request(3, "big", big)));
+        constexpr int n = 100;  // many at once: several parsed from one read
+        for (int i = 0; i < n; ++i) REQUIRE(p.client->send(request(4 + i, "many", bytes(std::to_string(i)))));
+        co_await until([&] { return sink->got.size() == 3 + n; });
+        CHECK(sink->got[0].small);
+        CHECK(sink->got[0].name == "first");
+        CHECK(sink->got[0].payload == bytes("a"));
+        CHECK_FALSE(sink->got[1].small);
+        CHECK(sink->got[1].id == 2);
+        REQUIRE(sink->got[1].tensors.size() == 1);
+        CHECK(std::equal(t.bytes().begin(), t.bytes().end(), sink->got[1].tensors[0].bytes().begin()));
+        CHECK_FALSE(sink->got[2].small);
+        CHECK(sink->got[2].payload == big);
+        for (int i = 0; i < n; ++i) {
+            const auto& g = sink->got[3 + i];
+            CHECK(g.small);
+            CHECK(g.id == std::uint64_t(4 + i));
+            CHECK(to_string(g.payload) == std::to_string(i));
+        }
+        CHECK(p.server->stats().reads < std::uint64_t(n));
+        CHECK(sink->closed == 0);
+        p.client->close();
+        co_await until([&] { return sink->closed > 0; });
+        CHECK(sink->why->code() == Errc::connection_lost);
+        CHECK_FALSE(p.server->is_open());
+        // The sink is released after the close (only this test holds it now).
+        co_await until([&] { return sink.use_count() == 1; });
+        CHECK(sink->closed == 1);
+    });
+}
+
+TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch with the close", "[transport]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto p = co_await test::make_pair();
+        struct Closer final : FrameSink {
+            Connection* conn = nullptr;
+            int frames = 0, closed = 0;
+            void on_small_frame(const FrameView&) override {
+                ++frames;
+                conn->close(Error(Errc::shutdown, "enough"));
+            }
+            void on_frame(Frame&&) override { ++frames; }
+            void on_closed(const Error& e) override {
+                ++closed;
+                CHECK(e.code() == Errc::shutdown);
+            }
+        };
+        auto sink = std::make_shared<Closer>();
+        sink->conn = p.server.get();
+        p.server->dispatch_to(sink);
+        for (int i = 0; i < 10; ++i) REQUIRE(p.client->send(request(i, "x", bytes("y"))));
+        co_await until([&] { return sink->closed > 0; });
+        CHECK(sink->frames == 1);  // the frames after the close are not delivered
+        CHECK(sink->closed == 1);
     });
 }

@@ -15,7 +15,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tensorplay {
@@ -70,6 +72,28 @@ struct Frame {
     std::optional<Error> alloc_error;
 };
 
+/// A frame without tensors as it lies in the connection's read buffer (FrameSink::on_small_frame):
+/// the views are valid only during that call.
+struct FrameView {
+    FrameKind kind = FrameKind::request;
+    std::uint64_t id = 0;
+    std::string_view name;
+    std::span<const std::uint8_t> payload;
+};
+
+/// Takes a connection's frames as they arrive (Connection::dispatch_to). Called on the
+/// connection's executor, from inside its reader: the calls must not block.
+class FrameSink {
+public:
+    virtual ~FrameSink() = default;
+    /// A whole frame without tensors that fitted the read buffer, parsed where it lies (no copy).
+    virtual void on_small_frame(const FrameView& frame) = 0;
+    /// Any other frame (tensors, a large payload): read by the general path, tensors in place.
+    virtual void on_frame(Frame&& frame) = 0;
+    /// The connection failed or was closed (`why`); nothing follows.
+    virtual void on_closed(const Error& why) = 0;
+};
+
 /// Allocates the destination of an incoming tensor (called on the connection's executor).
 using TensorAllocator = std::function<Result<Tensor>(const TensorDesc&)>;
 
@@ -117,6 +141,10 @@ public:
     /// soon; without it, frames queued in the same turn of the event loop share one write.
     /// Errc::connection_lost (or the close reason) when the connection is closed.
     [[nodiscard]] Result<void> send(Frame frame, bool flush = false);
+    /// As send(Frame), without building a Frame: `payload` and `tensors` are moved from only when
+    /// the frame has to wait for the writer; `targets[i]` is where tensor i should land.
+    [[nodiscard]] Result<void> send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                    std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
     /// Read hint (docs/protocol.md, "Receiving"): `may_idle` tells, when bytes arrive, whether the
     /// reader may wait for the next ones without a read that would fail with EAGAIN first. Say false
     /// while something waits for input that no send of ours will precede: a reset of the peer that
@@ -127,6 +155,11 @@ public:
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
     /// connection (a frame may be half read).
     [[nodiscard]] Task<Result<Frame>> receive();
+    /// Hands every incoming frame to `sink` as it is read, until the connection closes (then
+    /// on_closed, and the sink is released). Instead of receive(), not beside it. A frame without
+    /// tensors is parsed in the read buffer and delivered from the read's completion: no coroutine
+    /// runs and nothing is allocated per frame.
+    void dispatch_to(std::shared_ptr<FrameSink> sink);
     /// Closes the socket; pending and later operations fail with `reason` (default connection_lost).
     void close(std::optional<Error> reason = std::nullopt);
     [[nodiscard]] bool is_open() const noexcept;
