@@ -381,13 +381,23 @@ Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, boo
     Error last(Errc::timeout, "no attempt made");
     for (;;) {
         if (closed) co_return fail(Errc::shutdown, "the store client was closed while connecting to " + where);
-        auto [rec, found] = co_await resolver.async_resolve(options.host, std::to_string(options.port), use_nothrow);
-        if (rec) last = from_error_code(rec, "resolving \"" + options.host + "\"");
-        for (const auto& entry : found) {
+        // A numeric address needs no resolver: Asio's asynchronous resolver starts a thread that
+        // lives as long as the event loop, and a second thread in the process makes every context
+        // switch of its event loop thread dearer (measured: 0.3 us per round trip, same core).
+        std::vector<asio::ip::tcp::endpoint> endpoints;
+        std::error_code nec;
+        if (auto numeric = asio::ip::make_address(options.host, nec); !nec) {
+            endpoints.emplace_back(numeric, options.port);
+        } else {
+            auto [rec, found] = co_await resolver.async_resolve(options.host, std::to_string(options.port), use_nothrow);
+            if (rec) last = from_error_code(rec, "resolving \"" + options.host + "\"");
+            for (const auto& entry : found) endpoints.push_back(entry.endpoint());
+        }
+        for (const auto& endpoint : endpoints) {
             const auto remaining = deadline - Clock::now();
             if (remaining <= Duration::zero()) break;
             asio::ip::tcp::socket candidate(strand);
-            auto r = co_await with_timeout(connect_once(&candidate, entry.endpoint()), remaining);
+            auto r = co_await with_timeout(connect_once(&candidate, endpoint), remaining);
             if (!r) {
                 last = std::move(r).error();
                 continue;

@@ -43,7 +43,10 @@ std::size_t sendmsg_now(int fd, iovec* iov, std::size_t count, std::error_code& 
     msg.msg_iov = iov;
     msg.msg_iovlen = count;
     for (;;) {
-        ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        // One buffer (a small frame, payload inlined): send(), which spares the kernel copying
+        // in a msghdr and an iovec array (about 0.1 us per call here).
+        ssize_t n = count == 1 ? ::send(fd, iov[0].iov_base, iov[0].iov_len, MSG_DONTWAIT | MSG_NOSIGNAL)
+                               : ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n >= 0) return static_cast<std::size_t>(n);
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) ec = std::error_code(errno, asio::error::get_system_category());
