@@ -13,6 +13,7 @@
 #include "store/tcp_store_client_impl.hpp"
 
 #include "core/asio_compat.hpp"
+#include "core/resolve.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
@@ -372,7 +373,6 @@ void ClientState::start_op(const std::shared_ptr<PendingOp>& op) {
 }
 
 Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, bool retry) {
-    asio::ip::tcp::resolver resolver(strand);
     asio::steady_timer sleep(strand);
     std::minstd_rand jitter(static_cast<unsigned>(::getpid()) ^
                             static_cast<unsigned>(Clock::now().time_since_epoch().count()));
@@ -381,18 +381,10 @@ Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, boo
     Error last(Errc::timeout, "no attempt made");
     for (;;) {
         if (closed) co_return fail(Errc::shutdown, "the store client was closed while connecting to " + where);
-        // A numeric address needs no resolver: Asio's asynchronous resolver starts a thread that
-        // lives as long as the event loop, and a second thread in the process makes every context
-        // switch of its event loop thread dearer (measured: 0.3 us per round trip, same core).
-        std::vector<asio::ip::tcp::endpoint> endpoints;
-        std::error_code nec;
-        if (auto numeric = asio::ip::make_address(options.host, nec); !nec) {
-            endpoints.emplace_back(numeric, options.port);
-        } else {
-            auto [rec, found] = co_await resolver.async_resolve(options.host, std::to_string(options.port), use_nothrow);
-            if (rec) last = from_error_code(rec, "resolving \"" + options.host + "\"");
-            for (const auto& entry : found) endpoints.push_back(entry.endpoint());
-        }
+        // (not Asio's resolver: its thread would stay for the event loop's life; see resolve.hpp)
+        auto resolved = co_await resolve_host(options.host, options.port);
+        if (!resolved) last = resolved.error();
+        const auto endpoints = resolved ? std::move(*resolved) : std::vector<asio::ip::tcp::endpoint>{};
         for (const auto& endpoint : endpoints) {
             const auto remaining = deadline - Clock::now();
             if (remaining <= Duration::zero()) break;

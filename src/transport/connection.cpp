@@ -7,6 +7,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/resolve.hpp"
 #include "transport/edge_read.hpp"
 #include "transport/frame.hpp"
 
@@ -556,15 +557,10 @@ Result<void> check_version(const HelloPrefix& p) {
 Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
                                          HelloInfo local) {
     std::error_code ec;
-    auto addr = asio::ip::make_address(host, ec);
-    if (!ec) {
-        auto [cec] = co_await s->socket.async_connect({addr, port}, use_nothrow);
-        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
-    } else {
-        asio::ip::tcp::resolver resolver(s->socket.get_executor());
-        auto [rec, eps] = co_await resolver.async_resolve(host, std::to_string(port), use_nothrow);
-        if (rec) co_return fail(from_error_code(rec, "resolving " + host));
-        auto [cec, ep] = co_await asio::async_connect(s->socket, eps, use_nothrow);
+    auto eps = co_await resolve_host(host, port);  // (a numeric host: at once; a name: see resolve.hpp)
+    if (!eps) co_return fail(eps.error());
+    {
+        auto [cec, ep] = co_await asio::async_connect(s->socket, *eps, use_nothrow);
         if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
     }
     s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
