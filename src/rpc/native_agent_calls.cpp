@@ -119,37 +119,18 @@ public:
         : core_(std::move(core)), conn_(std::move(conn)), rank_(rank) {}
 
     void on_small_frame(const FrameView& f) override {
-        if (f.kind == FrameKind::request) {
+        if (f.kind == FrameKind::request)
             core_->serve_request(conn_, f.id, f.name, Message{Bytes(f.payload.begin(), f.payload.end()), {}}, nullptr);
-        } else if (rank_ >= 0) {
-            PeerLink& peer = core_->peers[rank_];
-            if (PendingCall* pc = take_pending(peer, f.id)) {
-                if (f.kind == FrameKind::error) pc->finish(fail(decode_error(f.payload, peer.info.name)));
-                else pc->finish(Message{Bytes(f.payload.begin(), f.payload.end()), {}});
-            }
-        } else {
-            unexpected_reply();
-        }
+        else
+            reply(f.kind, f.id, f.payload, [&] { return Message{Bytes(f.payload.begin(), f.payload.end()), {}}; }, nullptr);
     }
 
     void on_frame(Frame&& f) override {
-        if (f.kind == FrameKind::request) {
-            core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors)},
-                                 f.alloc_error ? &*f.alloc_error : nullptr);
-        } else if (rank_ >= 0) {
-            PeerLink& peer = core_->peers[rank_];
-            PendingCall* pc = take_pending(peer, f.id);
-            if (!pc) return;
-            if (f.kind == FrameKind::error) {
-                pc->finish(fail(decode_error(f.payload, peer.info.name)));
-            } else if (f.alloc_error) {
-                pc->finish(fail(std::move(*f.alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\"")));
-            } else {
-                pc->finish(Message{std::move(f.payload), std::move(f.tensors)});
-            }
-        } else {
-            unexpected_reply();
-        }
+        Error* alloc_error = f.alloc_error ? &*f.alloc_error : nullptr;
+        if (f.kind == FrameKind::request)
+            core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors)}, alloc_error);
+        else
+            reply(f.kind, f.id, f.payload, [&] { return Message{std::move(f.payload), std::move(f.tensors)}; }, alloc_error);
     }
 
     void on_closed(const Error& why) override {
@@ -167,7 +148,24 @@ public:
     }
 
 private:
-    void unexpected_reply() { conn_->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request")); }
+    /// Finishes the call that reply `id` answers (a late reply is dropped): with the remote error,
+    /// the refused tensor's error (`alloc_error`), or the message `make` builds.
+    template <class MakeMessage>
+    void reply(FrameKind kind, std::uint64_t id, std::span<const std::uint8_t> payload, MakeMessage make, Error* alloc_error) {
+        if (rank_ < 0) {
+            conn_->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request"));
+            return;
+        }
+        PeerLink& peer = core_->peers[rank_];
+        PendingCall* pc = take_pending(peer, id);
+        if (!pc) return;
+        if (kind == FrameKind::error)
+            pc->finish(fail(decode_error(payload, peer.info.name)));
+        else if (alloc_error)
+            pc->finish(fail(std::move(*alloc_error).context("receiving the reply from worker \"" + peer.info.name + "\"")));
+        else
+            pc->finish(make());
+    }
 
     std::shared_ptr<AgentCore> core_;
     std::shared_ptr<Connection> conn_;

@@ -101,28 +101,25 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
 
 void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name,
                               Message&& message, Error* error) {
-    ServeRequest* req;
-    ServeWorker* w = nullptr;
-    ServeRequest fresh;
+    auto fill = [&](ServeRequest& req) {
+        req.id = id;
+        if (error) {
+            req.error = std::move(*error);
+            return;
+        }
+        req.entry = find_handler(name);
+        if (!req.entry) req.unknown = name;
+        req.message = std::move(message);
+    };
     if (idle_workers.empty()) {
-        req = &fresh;
-    } else {
-        w = idle_workers.back();
-        idle_workers.pop_back();
-        req = &w->req;
-    }
-    req->id = id;
-    if (error) {
-        req->error = std::move(*error);
-    } else {
-        req->entry = find_handler(name);
-        if (!req->entry) req->unknown = name;
-        req->message = std::move(message);
-    }
-    if (!w) {
-        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(fresh)), log_task_error);
+        ServeRequest req;
+        fill(req);
+        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(req)), log_task_error);
         return;
     }
+    ServeWorker* w = idle_workers.back();
+    idle_workers.pop_back();
+    fill(w->req);
     w->core = shared_from_this();
     w->conn = conn;
     w->has_request = true;

@@ -383,8 +383,9 @@ Task<Result<void>> ClientState::open(Lane& lane, Clock::time_point deadline, boo
         if (closed) co_return fail(Errc::shutdown, "the store client was closed while connecting to " + where);
         // (not Asio's resolver: its thread would stay for the event loop's life; see resolve.hpp)
         auto resolved = co_await resolve_host(options.host, options.port);
-        if (!resolved) last = resolved.error();
-        const auto endpoints = resolved ? std::move(*resolved) : std::vector<asio::ip::tcp::endpoint>{};
+        std::vector<asio::ip::tcp::endpoint> endpoints;
+        if (resolved) endpoints = std::move(*resolved);
+        else last = std::move(resolved).error();
         for (const auto& endpoint : endpoints) {
             const auto remaining = deadline - Clock::now();
             if (remaining <= Duration::zero()) break;

@@ -77,24 +77,32 @@ TEST_CASE("a handler sees the caller's WorkerInfo", "[rpc][agent]") {
 TEST_CASE("1000 calls outstanding at once all complete, out of order", "[rpc][agent]") {
     test::run_with_deadline(20s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        REQUIRE(g[1]->register_handler("delay", [](WorkerInfo, Message m) -> Task<Result<Message>> {
-            int v = std::stoi(to_string(m.payload));
-            co_await test::sleep_for(std::chrono::milliseconds((1000 - v) % 23));
-            co_return m;
-        }));
         auto ex = co_await asio::this_coro::executor;
         constexpr int n = 1000;
+        // Each call is held in its handler until all have arrived; they are then let go in a
+        // scrambled order, so the replies come back out of order by construction.
+        std::vector<std::unique_ptr<asio::steady_timer>> held(n);
+        test::Signal arrived(ex, n);
+        REQUIRE(g[1]->register_handler("held", [&held, &arrived, ex](WorkerInfo, Message m) -> Task<Result<Message>> {
+            const int v = std::stoi(to_string(m.payload));
+            held[v] = std::make_unique<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+            arrived.try_send(std::error_code{}, v);
+            co_await held[v]->async_wait(detail::use_nothrow);  // (cancel() lets it go)
+            co_return m;
+        }));
         std::vector<int> order;
         int failures = 0;
         test::Signal done(ex, n);
         for (int i = 0; i < n; ++i) {
-            asio::co_spawn(ex, g[0]->rpc_async("worker1", "delay", test::text_message(std::to_string(i))),
+            asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message(std::to_string(i))),
                            [&, i](std::exception_ptr, Result<Message> r) {
                                if (!r || to_string(r->payload) != std::to_string(i)) ++failures;
                                order.push_back(i);
                                done.try_send(std::error_code{}, i);
                            });
         }
+        for (int i = 0; i < n; ++i) co_await arrived.async_receive(asio::use_awaitable);
+        for (int k = 0; k < n; ++k) held[(k * 389 + 17) % n]->cancel();  // (389 is prime to 1000: each once)
         for (int i = 0; i < n; ++i) co_await done.async_receive(asio::use_awaitable);
         CHECK(failures == 0);
         CHECK(order.size() == std::size_t(n));

@@ -60,15 +60,21 @@ TEST_CASE("garbage after the handshake closes the connection with a protocol err
 TEST_CASE("garbage after a good frame: dispatch_to hands over the frame, then the protocol error", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         struct Sink final : FrameSink {
+            test::SinkEvents* events = nullptr;
             std::vector<std::uint64_t> ids;
             std::optional<Error> why;
             void on_small_frame(const FrameView& f) override { ids.push_back(f.id); }
             void on_frame(Frame&& f) override { ids.push_back(f.id); }
-            void on_closed(const Error& e) override { why = e; }
+            void on_closed(const Error& e) override {
+                why = e;
+                events->notify();
+            }
         };
         auto rc = co_await raw_client();
         auto conn = co_await handshaken(*rc);
+        test::SinkEvents events(co_await asio::this_coro::executor);
         auto sink = std::make_shared<Sink>();
+        sink->events = &events;
         conn->dispatch_to(sink);
         Frame f;
         f.id = 42;
@@ -81,11 +87,7 @@ TEST_CASE("garbage after a good frame: dispatch_to hands over the frame, then th
         const Bytes junk = bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n");  // (longer than a frame header)
         wire.insert(wire.end(), junk.begin(), junk.end());
         co_await test::write_raw(rc->raw, wire);
-        asio::steady_timer t(co_await asio::this_coro::executor);
-        while (!sink->why) {
-            t.expires_after(1ms);
-            co_await t.async_wait(tensorplay::detail::use_nothrow);
-        }
+        co_await events.until([&] { return sink->why.has_value(); });
         REQUIRE(sink->ids.size() == 1);
         CHECK(sink->ids[0] == 42);
         CHECK(sink->why->code() == Errc::protocol_error);

@@ -252,38 +252,34 @@ struct RecordingSink final : FrameSink {
         Bytes payload;
         std::vector<Tensor> tensors;
     };
+    explicit RecordingSink(test::SinkEvents& e) : events(e) {}
+    test::SinkEvents& events;
     std::vector<Got> got;
     int closed = 0;
     std::optional<Error> why;
 
     void on_small_frame(const FrameView& f) override {
         got.push_back(Got{true, f.kind, f.id, std::string(f.name), Bytes(f.payload.begin(), f.payload.end()), {}});
+        events.notify();
     }
     void on_frame(Frame&& f) override {
         got.push_back(Got{false, f.kind, f.id, std::move(f.name), std::move(f.payload), std::move(f.tensors)});
+        events.notify();
     }
     void on_closed(const Error& e) override {
         ++closed;
         why = e;
+        events.notify();
     }
 };
-
-/// Waits (polling; the test's deadline bounds it) until `done()`.
-template <class F>
-Task<void> until(F done) {
-    asio::steady_timer t(co_await asio::this_coro::executor);
-    while (!done()) {
-        t.expires_after(1ms);
-        co_await t.async_wait(tensorplay::detail::use_nothrow);
-    }
-}
 
 }  // namespace
 
 TEST_CASE("dispatch_to hands over small frames in place and the others whole, in order, then the close once", "[transport]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto p = co_await test::make_pair();
-        auto sink = std::make_shared<RecordingSink>();
+        test::SinkEvents events(co_await asio::this_coro::executor);
+        auto sink = std::make_shared<RecordingSink>(events);
         p.server->dispatch_to(sink);
         Tensor t = iota_tensor(1 << 20, 5);
         std::vector<Tensor> ts;
@@ -295,7 +291,7 @@ TEST_CASE("dispatch_to hands over small frames in place and the others whole, in
         REQUIRE(p.client->send(request(3, "big", big)));
         constexpr int n = 100;  // many at once: several parsed from one read
         for (int i = 0; i < n; ++i) REQUIRE(p.client->send(request(4 + i, "many", bytes(std::to_string(i)))));
-        co_await until([&] { return sink->got.size() == 3 + n; });
+        co_await events.until([&] { return sink->got.size() == 3 + n; });
         CHECK(sink->got[0].small);
         CHECK(sink->got[0].name == "first");
         CHECK(sink->got[0].payload == bytes("a"));
@@ -314,11 +310,11 @@ TEST_CASE("dispatch_to hands over small frames in place and the others whole, in
         CHECK(p.server->stats().reads < std::uint64_t(n));
         CHECK(sink->closed == 0);
         p.client->close();
-        co_await until([&] { return sink->closed > 0; });
+        co_await events.until([&] { return sink->closed > 0; });
         CHECK(sink->why->code() == Errc::connection_lost);
         CHECK_FALSE(p.server->is_open());
-        // The sink is released after the close (only this test holds it now).
-        co_await until([&] { return sink.use_count() == 1; });
+        // The reader let go of the sink when it reported the close (only this test holds it now).
+        CHECK(sink.use_count() == 1);
         CHECK(sink->closed == 1);
     });
 }
@@ -328,7 +324,9 @@ TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch w
         auto p = co_await test::make_pair();
         struct Closer final : FrameSink {
             Connection* conn = nullptr;
+            test::SinkEvents* events = nullptr;
             int frames = 0, closed = 0;
+            std::optional<Error> why;
             void on_small_frame(const FrameView&) override {
                 ++frames;
                 conn->close(Error(Errc::shutdown, "enough"));
@@ -336,15 +334,19 @@ TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch w
             void on_frame(Frame&&) override { ++frames; }
             void on_closed(const Error& e) override {
                 ++closed;
-                CHECK(e.code() == Errc::shutdown);
+                why = e;
+                events->notify();
             }
         };
+        test::SinkEvents events(co_await asio::this_coro::executor);
         auto sink = std::make_shared<Closer>();
         sink->conn = p.server.get();
+        sink->events = &events;
         p.server->dispatch_to(sink);
         for (int i = 0; i < 10; ++i) REQUIRE(p.client->send(request(i, "x", bytes("y"))));
-        co_await until([&] { return sink->closed > 0; });
+        co_await events.until([&] { return sink->closed > 0; });
         CHECK(sink->frames == 1);  // the frames after the close are not delivered
         CHECK(sink->closed == 1);
+        CHECK(sink->why->code() == Errc::shutdown);
     });
 }

@@ -9,6 +9,7 @@
 
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
 
 namespace tensorplay::test {
@@ -67,5 +68,25 @@ inline Task<void> read_hello(asio::ip::tcp::socket& s) {
     auto [ec2, n2] = co_await asio::async_read(s, asio::buffer(body), detail::use_nothrow);
     REQUIRE(!ec2);
 }
+
+/// Lets a test await what a FrameSink is told: the sink calls notify() from each of its calls, and
+/// until() waits for those calls (not by polling) until its condition holds. One thread: a sink is
+/// called only while the awaiting test is suspended, so no notification falls between the check
+/// and the wait.
+class SinkEvents {
+public:
+    explicit SinkEvents(asio::any_io_executor ex) : timer_(std::move(ex)) {}
+    void notify() { timer_.cancel(); }
+    template <class F>
+    Task<void> until(F done) {
+        while (!done()) {
+            timer_.expires_at(asio::steady_timer::time_point::max());
+            co_await timer_.async_wait(detail::use_nothrow);
+        }
+    }
+
+private:
+    asio::steady_timer timer_;
+};
 
 }  // namespace tensorplay::test

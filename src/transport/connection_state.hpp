@@ -1,0 +1,151 @@
+// Private: the state behind a Connection, shared by its writing side (connection.cpp: sends, the
+// writer, the handshake) and its reading side (connection_read.cpp: the frame reader in both forms).
+#pragma once
+
+#include <tensorplay/transport/connection.hpp>
+
+#include "transport/edge_read.hpp"
+#include "transport/frame.hpp"
+
+#include <asio/steady_timer.hpp>
+
+#include <sys/uio.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tensorplay::detail {
+
+inline constexpr std::size_t kReadBufferSize = 256 * 1024;
+/// A flushed frame with at most this many tensors may be written by send() itself.
+inline constexpr std::size_t kDirectSendTensors = 14;
+/// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
+inline constexpr std::size_t kDirectReadMin = 32 * 1024;
+
+struct OutFrame {
+    Bytes head;
+    Bytes payload;  // empty when inlined into head
+    std::vector<Tensor> tensors;
+};
+
+struct ConnectionState {
+    ConnectionState(asio::ip::tcp::socket s, ConnectionLimits l)
+        : socket(std::move(s)), limits(std::move(l)), wake(socket.get_executor()) {
+        wake.expires_at(asio::steady_timer::time_point::max());
+        rbuf.resize(kReadBufferSize);
+    }
+
+    asio::ip::tcp::socket socket;
+    ConnectionLimits limits;
+    HelloInfo peer;
+    std::string endpoint;
+    TensorAllocator allocator;
+
+    Bytes rbuf;
+    std::size_t rbeg = 0, rend = 0;
+    EdgeReadState edge;
+
+    std::vector<OutFrame> queue, batch;
+    Bytes scratch;                  ///< the head of a frame sent directly (send_direct)
+    std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
+    bool writing = false;           ///< the writer is between taking a batch and finishing its write
+    std::vector<asio::const_buffer> bufs;
+    std::vector<iovec> iov;
+    asio::steady_timer wake;
+
+    bool open = true;
+    std::optional<Error> reason;
+    ConnectionStats stats;
+
+    [[nodiscard]] std::string who() const {
+        std::string s = peer.name.empty() ? std::string("peer") : "worker \"" + peer.name + "\"";
+        if (!endpoint.empty()) s += " at " + endpoint;
+        return s;
+    }
+
+    [[nodiscard]] Error closed_error() const {
+        if (reason) return *reason;
+        return Error(Errc::connection_lost, "connection to " + who() + " is closed", peer.name);
+    }
+
+    void close(std::optional<Error> why) {
+        if (!open) return;
+        open = false;
+        if (why) reason = std::move(why);
+        std::error_code ec;
+        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+        socket.close(ec);
+        wake.cancel();
+    }
+
+    /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
+    void gather(std::vector<OutFrame>& frames, std::size_t skip);
+
+    /// Writes the queue now with one non-blocking sendmsg; the writer is woken for any rest.
+    void flush_now();
+
+    /// Writes a frame (head in `scratch`) with one non-blocking sendmsg; queues what the socket
+    /// did not take for the writer (taking `payload` and `tensors`). The queue must be empty and
+    /// no write in progress.
+    Result<void> send_direct(Bytes& payload, std::vector<Tensor>& tensors, bool payload_inline);
+
+    /// Fails the connection with `e` (the stream cannot be trusted any more) and returns it.
+    Error broken(Error e) {
+        close(e);
+        return e;
+    }
+
+    /// Reads until at least `n` bytes are buffered (compacting or growing the buffer first).
+    Task<Result<void>> fill(std::size_t n);
+    /// Reads `n` bytes into `dst`: what is buffered, then large rests straight from the socket.
+    Task<Result<void>> read_into(std::uint8_t* dst, std::size_t n);
+    /// Reads and drops `n` bytes (a refused tensor's).
+    Task<Result<void>> skip(std::size_t n);
+
+    enum class Parse { frame, more, general, bad };
+
+    /// The common case without waiting: a whole frame without tensors in the buffer, viewed where
+    /// it lies (and consumed: the views stay valid until the buffer is next read into or
+    /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
+    /// read_general's path.
+    Parse parse_view(FrameView& f, std::optional<Error>& err);
+
+    /// parse_view, into a Frame.
+    Parse parse_buffered(Frame& f, std::optional<Error>& err);
+
+    /// The error of a failed socket read (the connection is closed by it).
+    Error read_error(std::error_code ec);
+
+    /// Reads one frame; `keep` holds this state for the read. Frames without tensors that fit the
+    /// buffer are read with one reactor operation per socket read, awaited here, and parsed in
+    /// place; the general path (tensors, large payloads) is read_general. (This coroutine's frame
+    /// stays small, under what Asio's per-thread frame cache keeps: a larger one is a malloc.)
+    Task<Result<Frame>> read_frame(std::shared_ptr<ConnectionState> keep);
+
+    /// Reads a frame with tensors, or one larger than the buffer.
+    Task<Result<Frame>> read_general();
+
+    /// Decodes (and consumes) a buffered handshake body of `len` bytes.
+    Result<HelloInfo> parse_hello_body(std::size_t len);
+};
+
+/// A connection's reader in dispatch mode (Connection::dispatch_to): the completion handler of its
+/// socket reads. It hands every whole frame in the buffer to the sink, then starts the next read
+/// with itself as the handler; a frame for the general path goes to a coroutine, which carries on
+/// the same way when that frame is done.
+struct DispatchReader {
+    std::shared_ptr<ConnectionState> s;
+    std::shared_ptr<FrameSink> sink;
+
+    using executor_type = Executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return s->socket.get_executor(); }
+
+    void operator()(std::error_code ec, std::size_t n);
+};
+
+/// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader).
+void dispatch_frames(DispatchReader r);
+
+}  // namespace tensorplay::detail
