@@ -176,12 +176,16 @@ private:
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
+    // Short reads: every request is answered, and a connection to a worker that has gone quiet
+    // is written to again before it is waited on, so a FIN that arrives with the last bytes is
+    // found as a reset is (docs/protocol.md, "Receiving").
     if (rank >= 0) {
         // Replies: with other calls still waiting, every read is followed by a check for more, so
         // that a peer's reset arriving with a reply fails them at once (only its read finds it).
-        conn->set_idle_reads([this] { return outstanding <= 1; });
+        conn->set_idle_reads([this] { return outstanding <= 1; }, true);
         peers[rank].conn = conn;
     } else {
+        conn->set_idle_reads({}, true);
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
         inbound.push_back(conn);
     }

@@ -321,7 +321,10 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
     return ok();
 }
 
-void Connection::set_idle_reads(std::function<bool()> may_idle) { state_->edge.may_idle = std::move(may_idle); }
+void Connection::set_idle_reads(std::function<bool()> may_idle, bool short_reads) {
+    state_->edge.may_idle = std::move(may_idle);
+    state_->edge.short_reads = short_reads;
+}
 
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 

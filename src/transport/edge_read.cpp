@@ -30,23 +30,39 @@ struct SocketAccess : asio::ip::tcp::socket {
 };
 }  // namespace
 
+namespace {
+/// Bytes left in the kernel after a recvmsg with TCP_INQ on (1 after a FIN); -1: not reported.
+int inq_of(msghdr& msg) {
+    int inq = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) std::memcpy(&inq, CMSG_DATA(c), sizeof inq);
+    return inq;
+}
+}  // namespace
+
 asio::detail::reactor_op::status OpBase::perform(asio::detail::reactor_op* base) {
     auto* o = static_cast<OpBase*>(base);
+    const bool short_reads = o->state->short_reads;
     iovec iov{o->buf.data(), o->buf.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     for (;;) {
         msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        const ssize_t n = ::recvmsg(o->fd, &msg, MSG_DONTWAIT);
+        ssize_t n;
+        if (short_reads) {
+            n = ::recv(o->fd, iov.iov_base, iov.iov_len, MSG_DONTWAIT);
+        } else {
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control;
+            msg.msg_controllen = sizeof control;
+            n = ::recvmsg(o->fd, &msg, MSG_DONTWAIT);
+        }
         if (n > 0) {
             o->bytes_transferred_ = static_cast<std::size_t>(n);
-            int inq = -1;  // bytes left in the kernel (1 after a FIN); -1: not reported
-            for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-                if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) std::memcpy(&inq, CMSG_DATA(c), sizeof inq);
-            if (inq != 0) return done;
+            // Drained: TCP copies all it holds up to the buffer's size, so a read that fills less
+            // emptied the queue; TCP_INQ says so exactly, a pending FIN included.
+            const bool drained = short_reads ? static_cast<std::size_t>(n) < iov.iov_len : inq_of(msg) == 0;
+            if (!drained) return done;
             const bool idle_ok = !o->state->may_idle || o->state->may_idle();
             return idle_ok ? done_and_exhausted : done;
         }
@@ -70,7 +86,7 @@ Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state) {
     auto& impl = SocketAccess::impl(socket);
     if (!state.reactor)
         state.reactor = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
-    if (state.inq_fd != impl.socket_) {
+    if (!state.short_reads && state.inq_fd != impl.socket_) {
         // Without it no read reports the socket drained: Asio's usual behaviour, nothing worse.
         int on = 1;
         ::setsockopt(impl.socket_, SOL_TCP, TCP_INQ, &on, sizeof on);

@@ -30,11 +30,19 @@ namespace tensorplay::detail {
 /// Per-socket state of edge reads. Keep one per socket, next to it.
 struct EdgeReadState {
     /// Whether a reader may stop speculating after a drained read. A reset (RST) that arrives in
-    /// the same batch as the last bytes is not reported again (a FIN is: the kernel's TCP_INQ
-    /// says so), so a reader that relies on the socket to end a wait must say false here while
-    /// something waits for more input and nothing will be sent first (a send finds the reset).
+    /// the same batch as the last bytes is not reported again (nor is a FIN with `short_reads`),
+    /// so a reader that relies on the socket to end a wait must say false here while something
+    /// waits for more input and nothing will be sent first (a send finds the reset).
     /// Evaluated when the bytes arrive. Empty: true.
     std::function<bool()> may_idle;
+
+    /// How a read tells that it drained the socket. False: recvmsg asks the kernel how many bytes
+    /// are left (TCP_INQ, which counts a pending FIN as one), so a FIN that arrives with the last
+    /// bytes is seen at once. True: plain recv, and a read that fills less than its buffer drained
+    /// it (TCP hands over all it holds); cheaper (about 0.4 us a round trip here), but such a FIN
+    /// then shows only at the next read or as the reset our next send provokes: for protocols in
+    /// which something is sent after every message received (a reply, or the next request).
+    bool short_reads = false;
 
     void* reactor = nullptr;  ///< the socket's event loop's reactor (use_service takes a mutex: once)
     int inq_fd = -1;          ///< the descriptor TCP_INQ was turned on for
@@ -43,7 +51,7 @@ struct EdgeReadState {
 #if TP_EDGE_READ
 namespace edge {
 
-/// The untyped part of the operation: the read itself (recvmsg + TCP_INQ), in edge_read.cpp.
+/// The untyped part of the operation: the read itself (recv, or recvmsg + TCP_INQ), in edge_read.cpp.
 struct OpBase : asio::detail::reactor_op {
     OpBase(func_type complete, int fd_, asio::mutable_buffer b, const EdgeReadState& st)
         : reactor_op(asio::error_code(), &perform, complete), fd(fd_), buf(b), state(&st) {}
@@ -117,9 +125,8 @@ Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
 /// Asio 1.22's epoll reactor registers sockets edge-triggered and tries a read before every wait,
 /// unless the last read on the socket reported it drained, which its own reads do only at EOF. On
 /// a request/reply connection that speculative read always fails with EAGAIN: one wasted system
-/// call per message. This read asks the kernel how many bytes remain (TCP_INQ, which also counts
-/// a pending FIN) and reports a drained socket as such, so that the reactor's next read waits for
-/// readiness first. The reactor records every readiness edge that arrives meanwhile. A handler
+/// call per message. This read tells when it drained the socket (EdgeReadState::short_reads says
+/// how) and reports it as such, so that the reactor's next read waits for readiness first. The reactor records every readiness edge that arrives meanwhile. A handler
 /// whose event loop is the one completing the read is resumed in place.
 ///
 /// Elsewhere (io_uring builds, other Asio versions) it is plain async_read_some.

@@ -193,10 +193,10 @@ Bytes small_frame(std::uint64_t id) {
 namespace {
 /// The peer sends a whole frame and then closes (`reset`: with an RST instead of a FIN); both are
 /// in before the first read. The frame must come out, then the end of the connection, at once.
-Task<void> frame_then_end(bool reset, bool may_idle) {
+Task<void> frame_then_end(bool reset, bool may_idle, bool short_reads = false) {
     auto rc = co_await raw_client();
     auto conn = co_await handshaken(*rc);
-    conn->set_idle_reads([may_idle] { return may_idle; });
+    conn->set_idle_reads([may_idle] { return may_idle; }, short_reads);
     co_await test::write_raw(rc->raw, small_frame(9));
     if (reset) rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
     rc->raw.close();
@@ -221,6 +221,36 @@ TEST_CASE("a peer that sends a frame and closes: the frame, then connection_lost
 // and still sees it at once.
 TEST_CASE("a peer that sends a frame and resets: the frame, then an error, when reads may not idle", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(true, false); });
+}
+
+// Short reads: a FIN is found like a reset, at once by a reader that may not idle...
+TEST_CASE("short reads: a peer that sends a frame and closes, when reads may not idle: the frame, then connection_lost",
+          "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, false, true); });
+}
+
+// ...and by the next send of one that may: its reset ends the connection.
+TEST_CASE("short reads: a FIN that came with the last frame is found by the next send", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        conn->set_idle_reads({}, true);
+        co_await test::write_raw(rc->raw, small_frame(4));
+        rc->raw.close();
+        asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
+        co_await t.async_wait(asio::use_awaitable);
+        auto f = co_await conn->receive();
+        REQUIRE(f);
+        CHECK(f->id == 4u);
+        Frame reply;
+        reply.kind = FrameKind::response;
+        reply.id = 4;
+        REQUIRE(conn->send(std::move(reply), true));  // the peer's socket is gone: it answers with a reset
+        auto r = co_await conn->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+        CHECK_FALSE(conn->is_open());
+    });
 }
 
 TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
@@ -332,44 +362,49 @@ Task<std::vector<Frame>> receive_n(Connection& conn, std::size_t n) {
 
 }  // namespace
 
+// Both ways of telling a drained socket (set_idle_reads' short_reads): with short reads, a read
+// that fills the buffer exactly must be followed by another before the reader waits.
 TEST_CASE("frames split across reads, and frames straddling the end of the read buffer, arrive whole", "[transport]") {
-    test::run_with_deadline(20s, [&]() -> Task<void> {
-        using namespace tensorplay::detail::awaitable_ops;
-        auto rc = co_await raw_client();
-        auto conn = co_await handshaken(*rc);
+    test::run_with_deadline(40s, [&]() -> Task<void> {
+        for (int mode = 0; mode < 2; ++mode) {
+            using namespace tensorplay::detail::awaitable_ops;
+            auto rc = co_await raw_client();
+            auto conn = co_await handshaken(*rc);
+            conn->set_idle_reads({}, mode == 1);
 
-        // Two frames, 7 bytes per read: headers, names and payloads all arrive in pieces.
-        Bytes two = encoded(1, "first", payload_of(1));
-        Bytes second = encoded(2, "second", payload_of(2));
-        two.insert(two.end(), second.begin(), second.end());
-        auto reader = receive_n(*conn, 2);
-        auto writer = dribble(rc->raw, *conn, std::move(two), 7);
-        auto pieces = co_await (std::move(reader) && std::move(writer));
-        REQUIRE(pieces.size() == 2);
-        CHECK(pieces[0].id == 1);
-        CHECK(pieces[0].name == "first");
-        CHECK(pieces[0].payload == payload_of(1));
-        CHECK(pieces[1].name == "second");
-        CHECK(pieces[1].payload == payload_of(2));
+            // Two frames, 7 bytes per read: headers, names and payloads all arrive in pieces.
+            Bytes two = encoded(1, "first", payload_of(1));
+            Bytes second = encoded(2, "second", payload_of(2));
+            two.insert(two.end(), second.begin(), second.end());
+            auto reader = receive_n(*conn, 2);
+            auto writer = dribble(rc->raw, *conn, std::move(two), 7);
+            auto pieces = co_await (std::move(reader) && std::move(writer));
+            REQUIRE(pieces.size() == 2);
+            CHECK(pieces[0].id == 1);
+            CHECK(pieces[0].name == "first");
+            CHECK(pieces[0].payload == payload_of(1));
+            CHECK(pieces[1].name == "second");
+            CHECK(pieces[1].payload == payload_of(2));
 
-        // 4,000 frames (about 700 KiB) in one write: several cross the end of the 256 KiB buffer.
-        Bytes many;
-        for (std::uint64_t id = 10; id < 4010; ++id) {
-            Bytes one = encoded(id, "n" + std::to_string(id), payload_of(id));
-            many.insert(many.end(), one.begin(), one.end());
+            // 4,000 frames (about 700 KiB) in one write: several cross the end of the 256 KiB buffer.
+            Bytes many;
+            for (std::uint64_t id = 10; id < 4010; ++id) {
+                Bytes one = encoded(id, "n" + std::to_string(id), payload_of(id));
+                many.insert(many.end(), one.begin(), one.end());
+            }
+            REQUIRE(many.size() > 512 * 1024);
+            auto bulk_reader = receive_n(*conn, 4000);
+            auto bulk_writer = test::write_raw(rc->raw, std::move(many));
+            auto frames = co_await (std::move(bulk_reader) && std::move(bulk_writer));
+            REQUIRE(frames.size() == 4000);
+            bool all_match = true;
+            for (std::size_t i = 0; i < frames.size(); ++i) {
+                const std::uint64_t id = 10 + i;
+                if (frames[i].id != id || frames[i].name != "n" + std::to_string(id) || frames[i].payload != payload_of(id))
+                    all_match = false;
+            }
+            CHECK(all_match);
+            CHECK(conn->is_open());
         }
-        REQUIRE(many.size() > 512 * 1024);
-        auto bulk_reader = receive_n(*conn, 4000);
-        auto bulk_writer = test::write_raw(rc->raw, std::move(many));
-        auto frames = co_await (std::move(bulk_reader) && std::move(bulk_writer));
-        REQUIRE(frames.size() == 4000);
-        bool all_match = true;
-        for (std::size_t i = 0; i < frames.size(); ++i) {
-            const std::uint64_t id = 10 + i;
-            if (frames[i].id != id || frames[i].name != "n" + std::to_string(id) || frames[i].payload != payload_of(id))
-                all_match = false;
-        }
-        CHECK(all_match);
-        CHECK(conn->is_open());
     });
 }

@@ -149,7 +149,10 @@ public:
     /// reader may wait for the next ones without a read that would fail with EAGAIN first. Say false
     /// while something waits for input that no send of ours will precede: a reset of the peer that
     /// arrives with the last bytes is then still seen at once (a send finds it anyway). Default: true.
-    void set_idle_reads(std::function<bool()> may_idle);
+    /// `short_reads`: take a read that fills less than the buffer as draining the socket (recv)
+    /// instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us a round trip dearer here);
+    /// a FIN that arrives with the last bytes is then found like such a reset. Default: false.
+    void set_idle_reads(std::function<bool()> may_idle, bool short_reads = false);
     /// True when bytes of further frames are already buffered (receive() will not wait for them).
     [[nodiscard]] bool input_pending() const noexcept;
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
