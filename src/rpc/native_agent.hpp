@@ -186,8 +186,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Error no_handler(std::string_view name) const;
     /// Starts a found handler: the user's coroutine, or the blocking handler on the pool.
     [[nodiscard]] Task<Result<Message>> start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message);
-    /// Lowers the running count and turns a handler's failure into remote_error.
-    [[nodiscard]] Result<Message> finish_handler(HandlerEntry& entry, Result<Message> r);
+    /// Lowers the running count and turns a handler's failure (in `r`) into remote_error.
+    void finish_handler(HandlerEntry& entry, Result<Message>& r);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
     /// Serves request `id` for handler `name` on a parked worker (resumed in place) or a new one;

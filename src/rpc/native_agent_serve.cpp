@@ -23,11 +23,11 @@ Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Mes
 }
 
 /// Reply tensors go back through the reverse of the caller's map; fills `targets`.
-Result<void> route_reply_tensors(const AgentCore& core, const WorkerInfo& caller, const std::vector<Tensor>& tensors,
+Result<void> route_reply_tensors(const AgentCore& core, const HelloInfo& caller, const std::vector<Tensor>& tensors,
                                  std::vector<Device>& targets) {
     const DeviceMap* reverse = nullptr;
-    if (caller.id >= 0 && caller.id < static_cast<int>(core.peers.size()) && core.workers[caller.id].name == caller.name)
-        reverse = &core.peers[caller.id].reverse;
+    if (caller.rank >= 0 && caller.rank < static_cast<int>(core.peers.size()) && core.workers[caller.rank].name == caller.name)
+        reverse = &core.peers[caller.rank].reverse;
     const auto i = map_tensor_targets(reverse, tensors, targets);
     if (i < 0) return ok();
     const Tensor& t = tensors[static_cast<std::size_t>(i)];
@@ -38,47 +38,31 @@ Result<void> route_reply_tensors(const AgentCore& core, const WorkerInfo& caller
                 core.self.name);
 }
 
-/// Serves one request (the worker's) and sends the reply.
-Task<void> serve(ServeWorker& w) {
-    AgentCore& core = *w.core;
-    Connection& conn = *w.conn;
-    ServeRequest& req = w.req;
-    WorkerInfo caller{conn.peer().name, conn.peer().rank};
-    Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
-    if (req.error) {
-        r = fail(std::move(*req.error));
-    } else if (!req.entry) {
-        r = fail(core.no_handler(req.unknown));
-    } else {
-        // The handler runs in this coroutine (run_handler would be one more frame per request).
-        try {
-            auto t = core.start_handler(*req.entry, caller, std::move(req.message));  // (GCC 12: not inside co_await)
-            r = co_await std::move(t);
-        } catch (...) {
-            r = fail(error_from_current_exception("handler \"" + req.entry->name + "\""));
-        }
-        r = core.finish_handler(*req.entry, std::move(r));
-    }
+/// Sends the reply to the worker's request: `r`'s message, or its error.
+void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Message>& r) {
     std::vector<Device> targets;
     if (r && !r->tensors.empty()) {
-        if (auto routed = route_reply_tensors(core, caller, r->tensors, targets); !routed) r = fail(std::move(routed).error());
+        if (auto routed = route_reply_tensors(core, conn.peer(), r->tensors, targets); !routed) r = fail(std::move(routed).error());
     }
     // Flush now unless more requests are already buffered: their replies then share one write.
     const bool flush = !conn.input_pending();
     Result<void> sent;
     if (r) {
-        sent = conn.send(FrameKind::response, req.id, {}, r->payload, r->tensors, targets, flush);
+        sent = conn.send(FrameKind::response, id, {}, r->payload, r->tensors, targets, flush);
     } else {
         Bytes e = encode_error(r.error());
         std::vector<Tensor> none;
-        sent = conn.send(FrameKind::error, req.id, {}, e, none, {}, flush);
+        sent = conn.send(FrameKind::error, id, {}, e, none, {}, flush);
     }
-    if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + caller.name + "\": " + sent.error().to_string());
+    if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + conn.peer().name + "\": " + sent.error().to_string());
 }
 
 /// Idle workers kept parked at most; beyond that, a worker that finishes exits.
 constexpr std::size_t kMaxIdleWorkers = 128;
 
+/// Serves requests: the one it was started with, then whichever the reader hands it while parked.
+/// The handler runs in this coroutine's frame (one more coroutine per request would cost a frame
+/// and its resumption).
 Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, ServeRequest first) {
     ServeWorker w;
     w.core = std::move(core);
@@ -86,10 +70,26 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
     w.req = std::move(first);
     w.has_request = true;
     for (;;) {
-        co_await serve(w);
+        ServeRequest& req = w.req;
+        Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
+        if (req.error) {
+            r = fail(std::move(*req.error));
+        } else if (!req.entry) {
+            r = fail(w.core->no_handler(req.unknown));
+        } else {
+            try {
+                WorkerInfo caller{w.conn->peer().name, w.conn->peer().rank};
+                auto t = w.core->start_handler(*req.entry, std::move(caller), std::move(req.message));  // (GCC 12: not inside co_await)
+                r = co_await std::move(t);
+            } catch (...) {
+                r = fail(error_from_current_exception("handler \"" + req.entry->name + "\""));
+            }
+            w.core->finish_handler(*req.entry, r);
+        }
+        send_reply(*w.core, *w.conn, req.id, r);
         w.has_request = false;
-        w.req.entry.reset();
-        w.req.error.reset();
+        req.entry.reset();
+        req.error.reset();
         w.conn.reset();
         if (!w.core->park(w)) break;
         auto [ec] = co_await w.wake.async_wait(use_nothrow);
@@ -162,10 +162,9 @@ Task<Result<Message>> AgentCore::start_handler(const HandlerEntry& entry, Worker
     return asio::co_spawn(worker_pool(), run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
 }
 
-Result<Message> AgentCore::finish_handler(HandlerEntry& entry, Result<Message> r) {
+void AgentCore::finish_handler(HandlerEntry& entry, Result<Message>& r) {
     if (--entry.running == 0 && entry.drained) entry.drained->cancel();
-    if (r) return r;
-    return fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), self.name));
+    if (!r) r = fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), self.name));
 }
 
 Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
@@ -178,7 +177,8 @@ Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name
     } catch (...) {
         r = fail(error_from_current_exception("handler \"" + name + "\""));
     }
-    co_return finish_handler(*h, std::move(r));
+    finish_handler(*h, r);
+    co_return r;
 }
 
 Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
