@@ -45,9 +45,13 @@ struct PendingCall {
     bool signalled = false;
     std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
     const Connection* conn = nullptr;       ///< the connection the request went out on
+    /// Where its deadline is kept (AgentCore::deadlines): nowhere, in the queue or in the map.
+    enum class Deadline : std::uint8_t { none, queued, mapped } kept = Deadline::none;
+    Clock::time_point due;
+    PendingCall* prev_due = nullptr;  // neighbours in the deadline queue
+    PendingCall* next_due = nullptr;
     std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
-                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>::iterator deadline;
-    bool has_deadline = false;
+                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>::iterator mapped_at;
 
     void signal() {
         signalled = true;
@@ -126,6 +130,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<WorkerInfo> workers;  // by rank
     std::map<std::string, int, std::less<>> rank_of;
     std::vector<PeerLink> peers;      // by rank; the own entry is unused
+    int last_called = -1;             // the rank ready_rank found last (never our own)
 
     asio::ip::tcp::acceptor acceptor;
     std::string host;
@@ -143,10 +148,20 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::uint64_t next_id = 1;
     std::size_t outstanding = 0;                  // calls of this worker awaiting replies
     /// Deadlines of pending calls; one timer fires at the earliest (re-armed only when a new
-    /// deadline is earlier, which with one common timeout is almost never).
-    std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
-                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>
-        deadlines;
+    /// deadline is earlier, which with one common timeout is almost never). A deadline no earlier
+    /// than the last queued one joins the queue (linked through the calls: with one common timeout,
+    /// every call's); an earlier one goes into the map.
+    struct Deadlines {
+        PendingCall* first = nullptr;  // the queue, earliest first
+        PendingCall* last = nullptr;
+        std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
+                      RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>
+            map;
+        void add(PendingCall& pc, Clock::time_point at);
+        void remove(PendingCall& pc);
+        /// The call with the earliest deadline (null when none).
+        [[nodiscard]] PendingCall* earliest() const;
+    } deadlines;
     asio::steady_timer sweep_timer;
     Clock::time_point sweep_at = Clock::time_point::max();
     bool sweeping = false;
@@ -167,7 +182,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
     /// The rank of `to` when a call can take the common path (agent running, another worker,
     /// connection open), else -1.
-    [[nodiscard]] int ready_rank(const std::string& to) const;
+    [[nodiscard]] int ready_rank(const std::string& to);
     /// Checks a call (agent running, worker known): the rank it goes to.
     [[nodiscard]] Result<int> check_call(const std::string& to) const;
     /// Every other case of call(): another executor, a call to self, no connection yet.

@@ -231,10 +231,40 @@ Task<void> sweep_loop(std::shared_ptr<AgentCore> core) {
 }
 }  // namespace
 
+void AgentCore::Deadlines::add(PendingCall& pc, Clock::time_point at) {
+    pc.due = at;
+    if (!last || last->due <= at) {
+        pc.kept = PendingCall::Deadline::queued;
+        pc.prev_due = last;
+        pc.next_due = nullptr;
+        (last ? last->next_due : first) = &pc;
+        last = &pc;
+    } else {
+        pc.kept = PendingCall::Deadline::mapped;
+        pc.mapped_at = map.emplace(at, &pc);
+    }
+}
+
+void AgentCore::Deadlines::remove(PendingCall& pc) {
+    if (pc.kept == PendingCall::Deadline::queued) {
+        (pc.prev_due ? pc.prev_due->next_due : first) = pc.next_due;
+        (pc.next_due ? pc.next_due->prev_due : last) = pc.prev_due;
+        pc.prev_due = pc.next_due = nullptr;
+    } else if (pc.kept == PendingCall::Deadline::mapped) {
+        map.erase(pc.mapped_at);
+    }
+    pc.kept = PendingCall::Deadline::none;
+}
+
+PendingCall* AgentCore::Deadlines::earliest() const {
+    PendingCall* m = map.empty() ? nullptr : map.begin()->second;
+    if (!first) return m;
+    return m && m->due < first->due ? m : first;
+}
+
 void AgentCore::add_deadline(PendingCall& pc, Clock::time_point at) {
     if (at == Clock::time_point::max()) return;
-    pc.deadline = deadlines.emplace(at, &pc);
-    pc.has_deadline = true;
+    deadlines.add(pc, at);
     if (at < sweep_at) {
         sweep_at = at;
         sweep_timer.expires_at(at);
@@ -245,21 +275,16 @@ void AgentCore::add_deadline(PendingCall& pc, Clock::time_point at) {
     }
 }
 
-void AgentCore::remove_deadline(PendingCall& pc) {
-    if (!pc.has_deadline) return;
-    deadlines.erase(pc.deadline);
-    pc.has_deadline = false;
-}
+void AgentCore::remove_deadline(PendingCall& pc) { deadlines.remove(pc); }
 
 void AgentCore::expire_due() {
     const auto now = Clock::now();
-    while (!deadlines.empty() && deadlines.begin()->first <= now) {
-        PendingCall* pc = deadlines.begin()->second;
-        deadlines.erase(deadlines.begin());
-        pc->has_deadline = false;
+    PendingCall* pc = deadlines.earliest();
+    for (; pc && pc->due <= now; pc = deadlines.earliest()) {
+        deadlines.remove(*pc);
         pc->signal();  // no result: the caller reports the timeout (it runs now, in place)
     }
-    sweep_at = deadlines.empty() ? Clock::time_point::max() : deadlines.begin()->first;
+    sweep_at = pc ? pc->due : Clock::time_point::max();
     sweep_timer.expires_at(sweep_at);
 }
 
@@ -319,12 +344,16 @@ Duration timeout_duration(double secs) {
 
 }  // namespace
 
-int AgentCore::ready_rank(const std::string& to) const {
+int AgentCore::ready_rank(const std::string& to) {
     if (state != State::running && state != State::starting) return -1;
-    auto it = rank_of.find(to);
-    if (it == rank_of.end() || it->second == self.id) return -1;
-    const PeerLink& peer = peers[it->second];
-    return peer.conn && peer.conn->is_open() ? it->second : -1;
+    int rank = last_called;
+    if (rank < 0 || workers[rank].name != to) {  // (a caller usually calls one worker many times)
+        auto it = rank_of.find(to);
+        if (it == rank_of.end() || it->second == self.id) return -1;
+        rank = last_called = it->second;
+    }
+    const PeerLink& peer = peers[rank];
+    return peer.conn && peer.conn->is_open() ? rank : -1;
 }
 
 Result<int> AgentCore::check_call(const std::string& to) const {
