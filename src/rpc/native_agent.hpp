@@ -139,6 +139,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
     std::mutex handlers_mutex;
     std::map<std::string, std::shared_ptr<HandlerEntry>, std::less<>> handlers;  // (found by string_view)
+    std::shared_ptr<HandlerEntry> last_handler;  // the one find_handler found last (strand-bound; unregister drops it)
     std::mutex pool_mutex;
     std::unique_ptr<asio::thread_pool> pool;
 

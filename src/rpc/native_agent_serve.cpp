@@ -144,9 +144,11 @@ void AgentCore::release_workers() {
 
 std::shared_ptr<HandlerEntry> AgentCore::find_handler(std::string_view name) {
     std::shared_ptr<HandlerEntry> entry;
-    {
+    if (last_handler && last_handler->name == name) {  // (requests for one handler come in runs)
+        entry = last_handler;
+    } else {
         std::lock_guard lock(handlers_mutex);
-        if (auto it = handlers.find(name); it != handlers.end()) entry = it->second;
+        if (auto it = handlers.find(name); it != handlers.end()) entry = last_handler = it->second;
     }
     if (entry) ++entry->running;
     return entry;
@@ -205,6 +207,7 @@ Task<Result<void>> AgentCore::unregister(std::string name) {
         h = std::move(it->second);
         handlers.erase(it);
     }
+    if (last_handler == h) last_handler.reset();
     while (h->running > 0) {
         h->drained = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
         auto t = h->drained;

@@ -216,6 +216,8 @@ TEST_CASE("registering a handler name twice is already_registered", "[rpc][agent
         auto again = g[0]->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
         REQUIRE_FALSE(again);
         CHECK(again.error().code() == Errc::already_registered);
+        auto before = co_await g[0]->rpc_async("worker1", "echo", test::text_message("first"));
+        REQUIRE(before);  // (the callee now remembers this handler as the last one found)
         auto un = co_await g[1]->unregister_handler("echo");
         INFO((un ? std::string("ok") : un.error().to_string()));
         REQUIRE(un);
@@ -225,6 +227,11 @@ TEST_CASE("registering a handler name twice is already_registered", "[rpc][agent
             auto awaited = co_await g[1]->unregister_handler("echo");
             CHECK(awaited.error().code() == Errc::not_found);
         }
+        // A new handler under the old name is the one that answers.
+        REQUIRE(g[1]->register_handler("echo", [](WorkerInfo, Message) -> Task<Result<Message>> { co_return test::text_message("new"); }));
+        auto renewed = co_await g[0]->rpc_async("worker1", "echo", test::text_message("first"));
+        REQUIRE(renewed);
+        CHECK(renewed->payload == bytes("new"));
         co_await test::shutdown_all(g);
     });
 }
