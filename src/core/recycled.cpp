@@ -54,9 +54,7 @@ private:
 /// initialisation check); `owner` deletes them at thread exit and points `lists` at `gone`, so
 /// that blocks freed later on this thread (by objects destroyed after it) go to operator delete.
 FreeLists gone;
-// initial-exec: one load from the thread pointer, not a __tls_get_addr call per block (the library
-// is linked, not loaded by dlopen late, so its thread-locals fit the static TLS block).
-[[gnu::tls_model("initial-exec")]] thread_local FreeLists* lists = nullptr;
+thread_local FreeLists* lists = nullptr;
 struct ListsOwner {
     FreeLists* owned = nullptr;
     ~ListsOwner() {

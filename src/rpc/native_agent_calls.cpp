@@ -456,8 +456,8 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     ++outstanding;
     std::error_code ec;
     if (!pc->signalled) {
-        auto [wec] = co_await pc->done.async_wait(use_nothrow);
-        ec = wec;
+        co_await pc->done.wait();
+        ec = pc->done.error();
     }
     call_finished();
     if (pc->result) co_return std::move(*pc->result);

@@ -92,8 +92,8 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
         req.error.reset();
         w.conn.reset();
         if (!w.core->park(w)) break;
-        auto [ec] = co_await w.wake.async_wait(use_nothrow);
-        if (ec || !w.has_request) break;  // woken to exit (the agent closed)
+        co_await w.wake.wait();
+        if (w.wake.error() || !w.has_request) break;  // woken to exit (the agent closed)
     }
 }
 

@@ -34,20 +34,36 @@ struct Sentinel {
     ~Sentinel() { *flag = true; }
 };
 
-Task<void> park(std::shared_ptr<Parked> p, bool* frame_gone) {
+/// Waits on the slot: with wait() (`direct`) or async_wait(use_nothrow).
+Task<std::error_code> wait_on(ResumeSlot& slot, bool direct) {
+    if (direct) {
+        co_await slot.wait();
+        co_return slot.error();
+    }
+    auto [ec] = co_await slot.async_wait(detail::use_nothrow);
+    co_return ec;
+}
+
+Task<void> park(std::shared_ptr<Parked> p, bool* frame_gone, bool direct) {
     Sentinel s{frame_gone};
-    auto [ec] = co_await p->slot.async_wait(detail::use_nothrow);
-    p->ec = ec;
+    if (direct) {  // parked in this frame itself
+        co_await p->slot.wait();
+        p->ec = p->slot.error();
+    } else {
+        auto [ec] = co_await p->slot.async_wait(detail::use_nothrow);
+        p->ec = ec;
+    }
     ++p->resumed;
 }
 
 }  // namespace
 
 TEST_CASE("complete() runs the waiter in place, before it returns", "[core][resume_slot]") {
+    const bool direct = GENERATE(false, true);
     asio::io_context ctx(1);
     auto p = std::make_shared<Parked>();
     bool gone = false;
-    asio::co_spawn(ctx, park(p, &gone), asio::detached);
+    asio::co_spawn(ctx, park(p, &gone, direct), asio::detached);
     ctx.poll();
     REQUIRE(p->slot.waiting());
     bool checked = false;
@@ -65,14 +81,15 @@ TEST_CASE("complete() runs the waiter in place, before it returns", "[core][resu
 }
 
 TEST_CASE("a cancelled wait ends with operation_aborted", "[core][resume_slot]") {
+    const bool direct = GENERATE(false, true);
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = std::make_shared<Parked>();
-        auto wait = [](std::shared_ptr<Parked> p) -> Task<Result<int>> {
-            auto [ec] = co_await p->slot.async_wait(detail::use_nothrow);
+        auto wait = [](std::shared_ptr<Parked> p, bool direct) -> Task<Result<int>> {
+            auto ec = co_await wait_on(p->slot, direct);  // (one frame deeper than the waiting one)
             if (ec) co_return fail(from_error_code(ec, "wait"));
             co_return 1;
         };
-        auto r = co_await with_timeout(wait(p), 20ms);  // the deadline cancels the wait
+        auto r = co_await with_timeout(wait(p, direct), 20ms);  // the deadline cancels the wait
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::timeout);
         CHECK_FALSE(p->slot.waiting());
@@ -81,13 +98,14 @@ TEST_CASE("a cancelled wait ends with operation_aborted", "[core][resume_slot]")
 }
 
 TEST_CASE("a waiter still parked when its event loop is destroyed is destroyed with it", "[core][resume_slot]") {
+    const bool direct = GENERATE(false, true);
     bool gone = false;
     auto p = std::make_shared<Parked>();
     {
         asio::io_context ctx(1);
         // The frame owns `p`, which owns the slot, which owns the frame: only the event loop's
         // registry can end it.
-        asio::co_spawn(ctx, park(p, &gone), asio::detached);
+        asio::co_spawn(ctx, park(p, &gone, direct), asio::detached);
         ctx.poll();
         REQUIRE(p->slot.waiting());
         CHECK_FALSE(gone);
@@ -95,6 +113,45 @@ TEST_CASE("a waiter still parked when its event loop is destroyed is destroyed w
     CHECK(gone);
     CHECK_FALSE(p->slot.waiting());
     CHECK(p->resumed == 0);
+}
+
+TEST_CASE("wait(): completed from another thread, the waiter resumes on its own event loop's thread", "[core][resume_slot]") {
+    asio::io_context ctx(1);
+    auto guard = asio::make_work_guard(ctx);
+    struct Result_ {
+        std::thread::id resumed_on;
+        std::error_code ec;
+        int value = 0;
+    } got;
+    ResumeSlot slot;
+    bool parked = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> Task<void> {
+            auto inner = [&]() -> Task<int> {  // parked two frames deep; the value comes back up
+                parked = true;
+                auto ec = co_await wait_on(slot, true);
+                got.ec = ec;
+                got.resumed_on = std::this_thread::get_id();
+                co_return 42;
+            };
+            got.value = co_await inner();
+            guard.reset();
+        },
+        asio::detached);
+    std::thread loop([&] { ctx.run(); });
+    const auto loop_id = loop.get_id();
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!slot.waiting() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    const bool was_waiting = slot.waiting();
+    if (was_waiting) slot.complete(asio::error::eof);  // from this thread: dispatched to the loop's
+    else ctx.stop();
+    loop.join();
+    REQUIRE(was_waiting);
+    CHECK(parked);
+    CHECK(got.resumed_on == loop_id);
+    CHECK(got.ec == asio::error::eof);
+    CHECK(got.value == 42);
 }
 
 TEST_CASE("recycled blocks are reused by size and may be freed on another thread", "[core][recycled]") {
