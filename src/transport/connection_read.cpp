@@ -93,16 +93,17 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
     std::size_t need = kFrameHeaderSize;
     if (avail >= kFrameHeaderSize) {
         const std::uint8_t* p = rbuf.data() + rbeg;
-        auto h = decode_frame_header({p, kFrameHeaderSize}, limits);
-        if (!h) {
-            err = broken(std::move(h).error().context("frame from " + who()).on_worker(peer.name));
+        FrameHeader h;
+        if (!peek_frame_header(p, limits, h)) {
+            auto bad = decode_frame_header({p, kFrameHeaderSize}, limits);  // (fails: says why)
+            err = broken(std::move(bad).error().context("frame from " + who()).on_worker(peer.name));
             return Parse::bad;
         }
-        const std::uint64_t body = std::uint64_t(h->meta_len) + h->payload_len;
+        const std::uint64_t body = std::uint64_t(h.meta_len) + h.payload_len;
         if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
         need += body;
         if (avail >= need) {
-            const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h->meta_len};
+            const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
             if (!decode_small_meta(meta, limits, f.name)) {
                 // Tensors (the general path), or malformed: decode_frame_meta says which.
                 auto m = decode_frame_meta(meta, limits);
@@ -110,9 +111,9 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
                 err = broken(std::move(m).error().context("frame from " + who()).on_worker(peer.name));
                 return Parse::bad;
             }
-            f.kind = h->kind;
-            f.id = h->id;
-            f.payload = {p + kFrameHeaderSize + h->meta_len, h->payload_len};
+            f.kind = h.kind;
+            f.id = h.id;
+            f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
             rbeg += need;
             if (rbeg == rend) rbeg = rend = 0;
             ++stats.frames_received;

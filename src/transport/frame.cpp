@@ -99,28 +99,32 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
     return ok();
 }
 
+bool peek_frame_header(const std::uint8_t* p, const ConnectionLimits& limits, FrameHeader& h) noexcept {
+    const auto kind = p[2];
+    h.meta_len = load_le<std::uint32_t>(p + 4);
+    h.id = load_le<std::uint64_t>(p + 8);
+    h.payload_len = load_le<std::uint64_t>(p + 16);
+    h.kind = static_cast<FrameKind>(kind);
+    return load_le<std::uint16_t>(p) == kFrameMarker && kind >= 1 && kind <= 3 && h.meta_len <= limits.max_meta_bytes &&
+           h.payload_len <= limits.max_payload_bytes;
+}
+
 Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
     if (bytes.size() < kFrameHeaderSize)
         return fail(Errc::protocol_error, "frame header of " + std::to_string(bytes.size()) + " bytes (needs " +
                                               std::to_string(kFrameHeaderSize) + ")");
-    const std::uint8_t* p = bytes.data();
-    const auto marker = load_le<std::uint16_t>(p);
-    const auto kind = p[2];
     FrameHeader h;
-    h.meta_len = load_le<std::uint32_t>(p + 4);
-    h.id = load_le<std::uint64_t>(p + 8);
-    h.payload_len = load_le<std::uint64_t>(p + 16);
-    if (marker != kFrameMarker)
+    if (peek_frame_header(bytes.data(), limits, h)) return h;
+    // What is wrong with it, in the order a reader would notice.
+    if (const auto marker = load_le<std::uint16_t>(bytes.data()); marker != kFrameMarker)
         return fail(Errc::protocol_error, "bad frame marker 0x" + std::to_string(marker) + " (garbage on the stream?)");
-    if (kind < 1 || kind > 3) return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
-    h.kind = static_cast<FrameKind>(kind);
+    if (const auto kind = bytes[2]; kind < 1 || kind > 3)
+        return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
     if (h.meta_len > limits.max_meta_bytes)
         return fail(Errc::protocol_error, "frame metadata length " + std::to_string(h.meta_len) +
                                               " exceeds the limit of " + std::to_string(limits.max_meta_bytes));
-    if (h.payload_len > limits.max_payload_bytes)
-        return fail(Errc::protocol_error, "frame payload length " + std::to_string(h.payload_len) +
-                                              " exceeds the limit of " + std::to_string(limits.max_payload_bytes));
-    return h;
+    return fail(Errc::protocol_error, "frame payload length " + std::to_string(h.payload_len) + " exceeds the limit of " +
+                                          std::to_string(limits.max_payload_bytes));
 }
 
 bool decode_small_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits, std::string_view& name) noexcept {

@@ -53,6 +53,9 @@ struct FrameParts {
 [[nodiscard]] bool decode_small_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits,
                                      std::string_view& name) noexcept;
 [[nodiscard]] Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+/// As decode_frame_header for the kFrameHeaderSize bytes at `p`, without building an error: false
+/// when they are not a valid header (decode_frame_header then says why). For the read loop.
+[[nodiscard]] bool peek_frame_header(const std::uint8_t* p, const ConnectionLimits& limits, FrameHeader& h) noexcept;
 [[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 
 [[nodiscard]] Bytes encode_hello(const HelloInfo& hello, std::uint32_t magic = kProtocolMagic,
