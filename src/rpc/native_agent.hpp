@@ -235,8 +235,9 @@ public:
     ~NativeAgent() override;
 
     /// Creates and starts an agent on the awaiting coroutine's executor (which must be a strand or
-    /// single-threaded): listens, publishes its address, checks everyone's device maps, connects
-    /// to every worker and waits until every worker has (a ready barrier).
+    /// single-threaded; one that is known to run things at once is invalid_argument): listens,
+    /// publishes its address, checks everyone's device maps, connects to every worker and waits
+    /// until every worker has (a ready barrier).
     [[nodiscard]] static Task<Result<std::shared_ptr<NativeAgent>>> create(BackendInitArgs args,
                                                                            NativeAgentTuning tuning = {});
 

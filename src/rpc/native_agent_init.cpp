@@ -14,9 +14,14 @@
 #include <tensorplay/rpc/device_map_exchange.hpp>
 
 #include <asio/co_spawn.hpp>
+#include <asio/detail/concurrency_hint.hpp>
+#include <asio/detail/scheduler.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/io_context.hpp>
 #include <asio/ip/address.hpp>
+#include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/thread_pool.hpp>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -427,8 +432,30 @@ NativeAgent::~NativeAgent() {
     });
 }
 
+namespace {
+/// Why `ex` may run two of the agent's handlers at once (its state is not locked), when it can be
+/// told: a thread pool's executor, or an io_context's made for several threads. Strands, and
+/// executors it does not know, pass.
+std::optional<std::string> concurrent_executor(const Executor& ex) {
+    if (target_of<asio::strand<asio::io_context::executor_type>>(ex) || target_of<asio::strand<asio::thread_pool::executor_type>>(ex) ||
+        target_of<asio::strand<Executor>>(ex))
+        return std::nullopt;
+    if (target_of<asio::thread_pool::executor_type>(ex)) return "a thread pool's executor";
+    if (auto* io = target_of<asio::io_context::executor_type>(ex)) {
+        const int hint = asio::use_service<asio::detail::scheduler>(io->context()).concurrency_hint();
+        if (!ASIO_CONCURRENCY_HINT_IS_SPECIAL(hint) && hint > 1)
+            return "the executor of an io_context made for " + std::to_string(hint) + " threads";
+    }
+    return std::nullopt;
+}
+}  // namespace
+
 Task<Result<std::shared_ptr<NativeAgent>>> NativeAgent::create(BackendInitArgs args, NativeAgentTuning tuning) {
     auto ex = co_await asio::this_coro::executor;
+    if (auto why = concurrent_executor(ex))
+        co_return fail(Errc::invalid_argument, "the RPC agent of worker \"" + args.name +
+                                                   "\" needs an executor that runs one thing at a time (a strand, or an event "
+                                                   "loop run by one thread), not " + *why + ": run it on asio::make_strand(...)");
     auto name = args.name;
     auto core = std::make_shared<AgentCore>(ex, std::move(args), std::move(tuning));
     auto r = co_await core->start();

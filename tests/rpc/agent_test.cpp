@@ -9,6 +9,7 @@
 #include <asio/post.hpp>
 #include <asio/io_context.hpp>
 #include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_future.hpp>
 
 #include <atomic>
@@ -503,6 +504,53 @@ TEST_CASE("agents on strands of a two-thread event loop call each other at once,
     for (auto& d : down) {
         REQUIRE(d.wait_for(10s) == std::future_status::ready);
         CHECK(d.get());
+    }
+}
+
+TEST_CASE("an agent is refused an executor that may run its handlers at once, and accepts a strand of it", "[rpc][agent]") {
+    auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
+    auto start_on = [&](Executor ex) {
+        auto f = asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(store, 0, 1, {})), asio::use_future);
+        return f;
+    };
+    auto refused = [](std::future<Result<test::AgentPtr>>& f) -> std::optional<Error> {
+        if (f.wait_for(10s) != std::future_status::ready) return Error(Errc::timeout, "did not finish");
+        auto a = f.get();
+        if (a) return std::nullopt;
+        return a.error();
+    };
+    {
+        asio::io_context four(4);  // made for four threads (run here by one: the hint is what counts)
+        std::thread t([&] {
+            auto guard = asio::make_work_guard(four);
+            four.run_for(std::chrono::seconds(10));
+        });
+        auto f = start_on(four.get_executor());
+        auto e = refused(f);
+        four.stop();
+        t.join();
+        REQUIRE(e);
+        CHECK(e->code() == Errc::invalid_argument);
+        CHECK(e->message().find("io_context made for 4 threads") != std::string::npos);
+        CHECK(e->message().find("make_strand") != std::string::npos);
+    }
+    {
+        asio::thread_pool pool(2);
+        auto f = start_on(pool.get_executor());
+        auto e = refused(f);
+        REQUIRE(e);
+        CHECK(e->code() == Errc::invalid_argument);
+        CHECK(e->message().find("thread pool") != std::string::npos);
+        // A strand of the same pool is fine: a group of one starts and shuts down.
+        auto s = asio::make_strand(pool.get_executor());
+        auto ok = asio::co_spawn(s, detail::NativeAgent::create(test::init_args(store, 0, 1, {})), asio::use_future);
+        REQUIRE(ok.wait_for(10s) == std::future_status::ready);
+        auto a = ok.get();
+        REQUIRE(a);
+        auto down = asio::co_spawn(s, (*a)->shutdown(false), asio::use_future);
+        REQUIRE(down.wait_for(10s) == std::future_status::ready);
+        CHECK(down.get());
+        pool.join();
     }
 }
 

@@ -21,8 +21,9 @@ namespace tensorplay {
 /// MASTER_ADDR, MASTER_PORT and, where rank/world_size are -1, RANK and WORLD_SIZE; "tcp://host:port";
 /// "file://path"), then the backend's options and init handlers. `options` null: the backend's
 /// defaults. The agent runs on the awaiting coroutine's executor, which must be single-threaded or a
-/// strand. The first agent started while there is no default becomes the process default (used by
-/// the free functions below). Errors: the rendezvous' and the backend's (unknown_backend, timeout, ...).
+/// strand (a thread pool's, or an io_context's made for several threads, is invalid_argument). The
+/// first agent started while there is no default becomes the process default (used by the free
+/// functions below). Errors: the rendezvous' and the backend's (unknown_backend, timeout, ...).
 [[nodiscard]] Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name,
                                                                BackendRef backend = BackendType::tensorpipe(),
                                                                int rank = -1, int world_size = -1,
