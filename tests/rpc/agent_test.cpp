@@ -3,17 +3,11 @@
 
 #include <tensorplay/rpc/api.hpp>
 
-#include <tensorplay/core/runtime.hpp>
-
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/io_context.hpp>
-#include <asio/strand.hpp>
-#include <asio/thread_pool.hpp>
-#include <asio/use_future.hpp>
 
 #include <atomic>
-#include <future>
 #include <thread>
 
 using namespace tensorplay;
@@ -462,96 +456,6 @@ TEST_CASE("a graceful shutdown with a worker that never arrives times out and na
             REQUIRE(awaited);
         }
     });
-}
-
-TEST_CASE("agents on strands of a two-thread event loop call each other at once, both ways", "[rpc][agent]") {
-    // Each agent on its own strand, the two strands run by two threads: replies and requests are
-    // handed over across threads (the reader's completions go through the strand), not in place.
-    Runtime rt(RuntimeOptions{.io_threads = 2, .num_worker_threads = 1});
-    auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
-    std::vector<Executor> strands;
-    for (int r = 0; r < 2; ++r) strands.push_back(asio::make_strand(rt.get_executor()));
-    std::vector<test::AgentPtr> agents(2);
-    std::vector<std::future<Result<test::AgentPtr>>> started;
-    for (int r = 0; r < 2; ++r)
-        started.push_back(asio::co_spawn(strands[r], detail::NativeAgent::create(test::init_args(store, r, 2, {})), asio::use_future));
-    for (int r = 0; r < 2; ++r) {
-        REQUIRE(started[r].wait_for(10s) == std::future_status::ready);
-        auto a = started[r].get();
-        REQUIRE(a);
-        agents[r] = *a;
-        REQUIRE(agents[r]->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; }));
-    }
-    constexpr int n = 400;  // per direction
-    std::atomic<int> good{0}, bad{0}, finished{0};
-    std::promise<void> all;
-    auto all_done = all.get_future();
-    for (int i = 0; i < 2 * n; ++i) {
-        const int from = i % 2;
-        std::string payload = std::to_string(i);
-        asio::co_spawn(strands[from], agents[from]->rpc_async(test::worker_name(1 - from), "echo", test::text_message(payload)),
-                       [&, payload](std::exception_ptr e, Result<Message> r) {
-                           if (!e && r && to_string(r->payload) == payload) ++good;
-                           else ++bad;
-                           if (++finished == 2 * n) all.set_value();
-                       });
-    }
-    REQUIRE(all_done.wait_for(20s) == std::future_status::ready);
-    CHECK(bad == 0);
-    CHECK(good == 2 * n);
-    std::vector<std::future<Result<void>>> down;
-    for (int r = 0; r < 2; ++r) down.push_back(asio::co_spawn(strands[r], agents[r]->shutdown(true, 5), asio::use_future));
-    for (auto& d : down) {
-        REQUIRE(d.wait_for(10s) == std::future_status::ready);
-        CHECK(d.get());
-    }
-}
-
-TEST_CASE("an agent is refused an executor that may run its handlers at once, and accepts a strand of it", "[rpc][agent]") {
-    auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
-    auto start_on = [&](Executor ex) {
-        auto f = asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(store, 0, 1, {})), asio::use_future);
-        return f;
-    };
-    auto refused = [](std::future<Result<test::AgentPtr>>& f) -> std::optional<Error> {
-        if (f.wait_for(10s) != std::future_status::ready) return Error(Errc::timeout, "did not finish");
-        auto a = f.get();
-        if (a) return std::nullopt;
-        return a.error();
-    };
-    {
-        asio::io_context four(4);  // made for four threads (run here by one: the hint is what counts)
-        std::thread t([&] {
-            auto guard = asio::make_work_guard(four);
-            four.run_for(std::chrono::seconds(10));
-        });
-        auto f = start_on(four.get_executor());
-        auto e = refused(f);
-        four.stop();
-        t.join();
-        REQUIRE(e);
-        CHECK(e->code() == Errc::invalid_argument);
-        CHECK(e->message().find("io_context made for 4 threads") != std::string::npos);
-        CHECK(e->message().find("make_strand") != std::string::npos);
-    }
-    {
-        asio::thread_pool pool(2);
-        auto f = start_on(pool.get_executor());
-        auto e = refused(f);
-        REQUIRE(e);
-        CHECK(e->code() == Errc::invalid_argument);
-        CHECK(e->message().find("thread pool") != std::string::npos);
-        // A strand of the same pool is fine: a group of one starts and shuts down.
-        auto s = asio::make_strand(pool.get_executor());
-        auto ok = asio::co_spawn(s, detail::NativeAgent::create(test::init_args(store, 0, 1, {})), asio::use_future);
-        REQUIRE(ok.wait_for(10s) == std::future_status::ready);
-        auto a = ok.get();
-        REQUIRE(a);
-        auto down = asio::co_spawn(s, (*a)->shutdown(false), asio::use_future);
-        REQUIRE(down.wait_for(10s) == std::future_status::ready);
-        CHECK(down.get());
-        pool.join();
-    }
 }
 
 TEST_CASE("destroying agents that were not shut down neither crashes nor hangs", "[rpc][agent]") {
