@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
+#include <utility>
 
 namespace tensorplay::detail {
 
@@ -10,6 +12,25 @@ namespace tensorplay::detail {
 /// another thread than the one that allocated it.
 void* recycled_allocate(std::size_t size);
 void recycled_free(void* p, std::size_t size) noexcept;
+
+/// A T built in a recycled block; pair with recycled_delete.
+template <class T, class... Args>
+T* recycled_new(Args&&... args) {
+    void* mem = recycled_allocate(sizeof(T));
+    try {
+        return new (mem) T(std::forward<Args>(args)...);
+    } catch (...) {
+        recycled_free(mem, sizeof(T));
+        throw;
+    }
+}
+
+/// Destroys a T from recycled_new and returns its block.
+template <class T>
+void recycled_delete(T* p) noexcept {
+    p->~T();
+    recycled_free(p, sizeof(T));
+}
 
 /// A standard allocator over the same lists: for the nodes of containers that gain and lose an
 /// entry on every call (a call's pending entry, its deadline).

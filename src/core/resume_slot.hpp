@@ -131,7 +131,7 @@ public:
             [this](auto handler, Start go) {
                 using H = decltype(handler);
                 if (tracked_ && !registry_) registry_ = &SlotRegistry::of(asio::get_associated_executor(handler));
-                auto* w = Waiter<H>::create(std::move(handler), this);
+                auto* w = recycled_new<Waiter<H>>(std::move(handler), this);
                 if (tracked_) registry_->add(this);
                 waiter_.store(w, std::memory_order_release);
                 go();
@@ -192,19 +192,7 @@ private:
             auto cs = asio::get_associated_cancellation_slot(handler);
             if (cs.is_connected()) cs.template emplace<Canceller>(owner);
         }
-        static Waiter* create(H&& h, ResumeSlot* owner) {
-            void* mem = recycled_allocate(sizeof(Waiter));
-            try {
-                return new (mem) Waiter(std::move(h), owner);
-            } catch (...) {
-                recycled_free(mem, sizeof(Waiter));
-                throw;
-            }
-        }
-        void destroy() noexcept override {
-            this->~Waiter();
-            recycled_free(this, sizeof(Waiter));
-        }
+        void destroy() noexcept override { recycled_delete(this); }
         void resume(std::error_code ec) override {
             // Our canceller goes first: the slot that holds it may be gone before the waiter runs.
             auto cs = asio::get_associated_cancellation_slot(handler);
@@ -237,19 +225,7 @@ private:
             auto cs = coro.get_cancellation_slot();
             if (cs.is_connected()) cs.template emplace<Canceller>(owner);
         }
-        static DirectWaiter* create(CoroThread* running, ResumeSlot* owner) {
-            void* mem = recycled_allocate(sizeof(DirectWaiter));
-            try {
-                return new (mem) DirectWaiter(running, owner);
-            } catch (...) {
-                recycled_free(mem, sizeof(DirectWaiter));
-                throw;
-            }
-        }
-        void destroy() noexcept override {
-            this->~DirectWaiter();
-            recycled_free(this, sizeof(DirectWaiter));
-        }
+        void destroy() noexcept override { recycled_delete(this); }
         void resume(std::error_code ec) override {
             slot->error_ = ec;  // (the slot outlives the wait: its coroutine owns it)
             if (auto cs = coro.get_cancellation_slot(); cs.is_connected()) cs.clear();
@@ -296,7 +272,7 @@ inline auto ResumeSlot::wait() {
     // Called by the awaiting frame once it is suspended (awaitable_frame_base::await_transform's
     // hook for functions of the frame): takes its thread over and parks it here.
     return [this](CoroFrame* frame) -> CoroThread* {
-        auto* w = DirectWaiter::create(frame->detach_thread(), this);
+        auto* w = recycled_new<DirectWaiter>(frame->detach_thread(), this);
         error_ = {};
         if (tracked_ && !registry_) registry_ = &SlotRegistry::of(w->coro.get_executor());
         if (tracked_) registry_->add(this);

@@ -70,7 +70,7 @@ std::string seconds_str(double s) {
 class CallHandle {
 public:
     CallHandle(AgentCore& core, PeerLink& peer, std::uint64_t id)
-        : core_(&core), peer_(&peer), id_(id), pc_(new (recycled_allocate(sizeof(PendingCall))) PendingCall(core.slots)) {}
+        : core_(&core), peer_(&peer), id_(id), pc_(recycled_new<PendingCall>(core.slots)) {}
     CallHandle(const CallHandle&) = delete;
     CallHandle& operator=(const CallHandle&) = delete;
     ~CallHandle() {
@@ -78,8 +78,7 @@ public:
         // a cancellation or the frame's destruction leaves it in the map.
         if (linked_ && !pc_->result) peer_->pending.erase(id_);
         core_->remove_deadline(*pc_);
-        pc_->~PendingCall();
-        recycled_free(pc_, sizeof(PendingCall));
+        recycled_delete(pc_);
     }
     PendingCall& operator*() const noexcept { return *pc_; }
     PendingCall* operator->() const noexcept { return pc_; }

@@ -77,18 +77,9 @@ struct Op final : OpBase {
         : OpBase(&complete, fd_, b, st), handler(std::move(h)) {}
 
     static Op* create(Handler&& h, int fd_, asio::mutable_buffer b, const EdgeReadState& st) {
-        void* mem = recycled_allocate(sizeof(Op));
-        try {
-            return new (mem) Op(std::move(h), fd_, b, st);
-        } catch (...) {
-            recycled_free(mem, sizeof(Op));
-            throw;
-        }
+        return recycled_new<Op>(std::move(h), fd_, b, st);
     }
-    static void destroy(Op* o) noexcept {
-        o->~Op();
-        recycled_free(o, sizeof(Op));
-    }
+    static void destroy(Op* o) noexcept { recycled_delete(o); }
 
     static void complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
         auto* o = static_cast<Op*>(base);
