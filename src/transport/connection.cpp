@@ -333,7 +333,8 @@ Task<Result<Frame>> Connection::receive() {
 }
 
 void Connection::dispatch_to(std::shared_ptr<FrameSink> sink) {
-    detail::dispatch_frames(detail::DispatchReader{state_, std::move(sink)});
+    auto* op = detail::recycled_new<detail::DispatchOp>(state_->socket, state_->edge, detail::DispatchReader{state_, std::move(sink)});
+    detail::dispatch_frames(*op);
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }

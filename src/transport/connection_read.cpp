@@ -220,34 +220,39 @@ Result<HelloInfo> ConnectionState::parse_hello_body(std::size_t len) {
     return h;
 }
 
-void DispatchReader::operator()(std::error_code ec, std::size_t n) {
+void DispatchReader::operator()(DispatchOp& op, std::error_code ec, std::size_t n) {
     ++s->stats.reads;
     if (ec) {
         sink->on_closed(s->read_error(ec));
+        op.end();  // (releases the sink, as promised, and this reader)
         return;
     }
     s->rend += n;
-    dispatch_frames(std::move(*this));
+    dispatch_frames(op);
 }
 
 namespace {
-Task<void> dispatch_general(DispatchReader r) {
+Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
+    DispatchReader& r = owner.op->reader;
     auto f = co_await r.s->read_general();
     if (!f) {
         r.sink->on_closed(f.error());
-        co_return;
+        co_return;  // (the owner ends the op)
     }
     r.sink->on_frame(std::move(*f));
-    dispatch_frames(std::move(r));
+    dispatch_frames(*owner.release());
 }
 }  // namespace
 
-void dispatch_frames(DispatchReader r) {
+void dispatch_frames(DispatchOp& op) {
+    DispatchReader& r = op.reader;
     ConnectionState& s = *r.s;
+    bool handed_on = false;  // op belongs to a pending read or a coroutine: not ours to end
     try {
         for (;;) {
             if (!s.open) {
                 r.sink->on_closed(s.closed_error());
+                op.end();
                 return;
             }
             FrameView v;
@@ -258,16 +263,19 @@ void dispatch_frames(DispatchReader r) {
                 continue;
             case ConnectionState::Parse::bad:
                 r.sink->on_closed(*err);
+                op.end();
                 return;
             case ConnectionState::Parse::general: {
                 auto ex = s.socket.get_executor();
-                asio::co_spawn(ex, dispatch_general(std::move(r)), [](std::exception_ptr e) {
+                handed_on = true;
+                asio::co_spawn(ex, dispatch_general(RearmedReadOwner<DispatchReader>(&op)), [](std::exception_ptr e) {
                     if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection reader").to_string());
                 });
                 return;
             }
             case ConnectionState::Parse::more:
-                async_edge_read(s.socket, asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend), s.edge, std::move(r));
+                handed_on = true;
+                op.start(asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend));
                 return;
             }
         }
@@ -275,7 +283,9 @@ void dispatch_frames(DispatchReader r) {
         // A sink that throws (out of memory) ends this connection, not the event loop.
         auto e = error_from_current_exception("connection reader").on_worker(s.peer.name);
         s.close(e);
-        if (r.sink) r.sink->on_closed(e);
+        if (handed_on) return;  // (the close ends the pending read, or the coroutine ends)
+        r.sink->on_closed(e);
+        op.end();
     }
 }
 

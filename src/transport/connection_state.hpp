@@ -5,6 +5,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/edge_read.hpp"
+#include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -131,10 +132,10 @@ struct ConnectionState {
     Result<HelloInfo> parse_hello_body(std::size_t len);
 };
 
-/// A connection's reader in dispatch mode (Connection::dispatch_to): the completion handler of its
-/// socket reads. It hands every whole frame in the buffer to the sink, then starts the next read
-/// with itself as the handler; a frame for the general path goes to a coroutine, which carries on
-/// the same way when that frame is done.
+/// A connection's reader in dispatch mode (Connection::dispatch_to), run by the socket reads of
+/// one RearmedRead. It hands every whole frame in the buffer to the sink, then starts the next
+/// read; a frame for the general path goes to a coroutine, which carries on the same way when that
+/// frame is done.
 struct DispatchReader {
     std::shared_ptr<ConnectionState> s;
     std::shared_ptr<FrameSink> sink;
@@ -142,10 +143,12 @@ struct DispatchReader {
     using executor_type = Executor;
     [[nodiscard]] executor_type get_executor() const noexcept { return s->socket.get_executor(); }
 
-    void operator()(std::error_code ec, std::size_t n);
+    void operator()(RearmedRead<DispatchReader>& op, std::error_code ec, std::size_t n);
 };
+using DispatchOp = RearmedRead<DispatchReader>;
 
-/// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader).
-void dispatch_frames(DispatchReader r);
+/// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader). Takes `op`:
+/// it is started again, handed on, or ended.
+void dispatch_frames(DispatchOp& op);
 
 }  // namespace tensorplay::detail
