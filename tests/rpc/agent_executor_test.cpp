@@ -4,6 +4,7 @@
 
 #include <tensorplay/core/runtime.hpp>
 
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/strand.hpp>
 #include <asio/thread_pool.hpp>
@@ -11,6 +12,8 @@
 
 #include <atomic>
 #include <future>
+#include <optional>
+#include <string>
 #include <thread>
 
 using namespace tensorplay;
@@ -104,4 +107,35 @@ TEST_CASE("an agent is refused an executor that may run its handlers at once, an
         CHECK(down.get());
         pool.join();
     }
+}
+
+// A single-threaded service may make its event loop without the reactor's per-socket locks
+// (README, "Build options"): the agent and its store touch sockets only from that loop's thread.
+TEST_CASE("agents on an io_context without per-socket locks (ASIO_CONCURRENCY_HINT_UNSAFE_IO) echo and shut down", "[rpc][agent]") {
+    asio::io_context ctx(ASIO_CONCURRENCY_HINT_UNSAFE_IO);
+    bool finished = false;
+    std::optional<std::string> failure;
+    asio::co_spawn(
+        ctx,
+        [&]() -> Task<void> {
+            auto g = co_await test::make_group(2);
+            test::register_echo(g);
+            for (int i = 0; i < 200; ++i) {
+                const std::string text = "unlocked " + std::to_string(i);
+                auto r = co_await g[i % 2]->rpc_async(test::worker_name(1 - i % 2), "echo", test::text_message(text));
+                if (!r || to_string(r->payload) != text) {
+                    failure = r ? "wrong payload" : r.error().to_string();
+                    break;
+                }
+            }
+            auto down = co_await test::shutdown_all(g);
+            for (auto& d : down)
+                if (!d) failure = d.error().to_string();
+            finished = true;
+        },
+        asio::detached);
+    ctx.run_for(std::chrono::seconds(20));
+    REQUIRE(finished);
+    INFO(failure.value_or(""));
+    CHECK_FALSE(failure);
 }
