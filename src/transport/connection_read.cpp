@@ -104,13 +104,8 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         need += body;
         if (avail >= need) {
             const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
-            if (!decode_small_meta(meta, limits, f.name)) {
-                // Tensors (the general path), or malformed: decode_frame_meta says which.
-                auto m = decode_frame_meta(meta, limits);
-                if (m) return Parse::general;
-                err = broken(std::move(m).error().context("frame from " + who()).on_worker(peer.name));
-                return Parse::bad;
-            }
+            // Tensors, or malformed metadata: read_general decodes it and says which.
+            if (!decode_small_meta(meta, limits, f.name)) return Parse::general;
             f.kind = h.kind;
             f.id = h.id;
             f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};

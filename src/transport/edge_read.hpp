@@ -117,8 +117,9 @@ Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
 /// unless the last read on the socket reported it drained, which its own reads do only at EOF. On
 /// a request/reply connection that speculative read always fails with EAGAIN: one wasted system
 /// call per message. This read tells when it drained the socket (EdgeReadState::short_reads says
-/// how) and reports it as such, so that the reactor's next read waits for readiness first. The reactor records every readiness edge that arrives meanwhile. A handler
-/// whose event loop is the one completing the read is resumed in place.
+/// how) and reports it as such, so that the reactor's next read waits for readiness first. The
+/// reactor records every readiness edge that arrives meanwhile. A handler whose event loop is the
+/// one completing the read is resumed in place.
 ///
 /// Elsewhere (io_uring builds, other Asio versions) it is plain async_read_some.
 template <class Token>

@@ -10,8 +10,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <thread>
@@ -124,12 +126,10 @@ TEST_CASE("wait(): completed from another thread, the waiter resumes on its own 
         int value = 0;
     } got;
     ResumeSlot slot;
-    bool parked = false;
     asio::co_spawn(
         ctx,
         [&]() -> Task<void> {
             auto inner = [&]() -> Task<int> {  // parked two frames deep; the value comes back up
-                parked = true;
                 auto ec = co_await wait_on(slot, true);
                 got.ec = ec;
                 got.resumed_on = std::this_thread::get_id();
@@ -139,16 +139,17 @@ TEST_CASE("wait(): completed from another thread, the waiter resumes on its own 
             guard.reset();
         },
         asio::detached);
+    // Queued behind the coroutine's start, which runs until it parks: by then it waits.
+    std::promise<bool> parked;
+    auto was_parked = parked.get_future();
+    asio::post(ctx, [&] { parked.set_value(slot.waiting()); });
     std::thread loop([&] { ctx.run(); });
     const auto loop_id = loop.get_id();
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (!slot.waiting() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-    const bool was_waiting = slot.waiting();
+    const bool was_waiting = was_parked.wait_for(5s) == std::future_status::ready && was_parked.get();
     if (was_waiting) slot.complete(asio::error::eof);  // from this thread: dispatched to the loop's
     else ctx.stop();
     loop.join();
     REQUIRE(was_waiting);
-    CHECK(parked);
     CHECK(got.resumed_on == loop_id);
     CHECK(got.ec == asio::error::eof);
     CHECK(got.value == 42);

@@ -8,6 +8,8 @@
 #include <asio/io_context.hpp>
 
 #include <atomic>
+#include <future>
+#include <optional>
 #include <thread>
 
 using namespace tensorplay;
@@ -130,16 +132,36 @@ TEST_CASE("a call to oneself runs the handler without a socket", "[rpc][agent]")
 TEST_CASE("a blocking handler runs on the worker pool, not the I/O thread", "[rpc][agent]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto ex = co_await asio::this_coro::executor;
         std::thread::id io_thread = std::this_thread::get_id();
         std::atomic<bool> on_pool{false};
-        REQUIRE(g[1]->register_blocking_handler("block", [&](const WorkerInfo&, Message m) -> Result<Message> {
+        test::Signal entered(ex, 1), done(ex, 1);
+        std::promise<void> release;
+        auto released = release.get_future().share();
+        REQUIRE(g[1]->register_blocking_handler("block", [&, released](const WorkerInfo&, Message m) -> Result<Message> {
             on_pool = std::this_thread::get_id() != io_thread;
-            std::this_thread::sleep_for(20ms);  // really blocking, on purpose
+            asio::post(ex, [&] { entered.try_send(std::error_code{}, 0); });
+            released.wait_for(5s);  // blocks its thread until the test lets it go
             return m;
         }));
-        auto r = co_await g[0]->rpc_async("worker1", "block", test::text_message("b"));
-        REQUIRE(r);
-        CHECK(r->payload == bytes("b"));
+        std::optional<Result<Message>> blocked;
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "block", test::text_message("b")),
+                       [&](std::exception_ptr, Result<Message> r) {
+                           blocked = std::move(r);
+                           done.try_send(std::error_code{}, 0);
+                       });
+        co_await entered.async_receive(asio::use_awaitable);
+        // The handler holds its thread; the I/O thread still serves other calls.
+        auto meanwhile = co_await g[0]->rpc_async("worker1", "echo", test::text_message("meanwhile"));
+        REQUIRE(meanwhile);
+        CHECK(meanwhile->payload == bytes("meanwhile"));
+        CHECK_FALSE(blocked);
+        release.set_value();
+        co_await done.async_receive(asio::use_awaitable);
+        REQUIRE(blocked);
+        REQUIRE(*blocked);
+        CHECK((*blocked)->payload == bytes("b"));
         CHECK(on_pool);
         co_await test::shutdown_all(g);
     });
