@@ -128,9 +128,9 @@ inline int open_phase(std::uint16_t port, char phase) {
     return fd;
 }
 
-/// Blocking 64-byte ping-pong: round-trip times in microseconds.
-inline std::vector<double> latency(std::uint16_t port, int iters, int warmup) {
-    int fd = open_phase(port, 'L');
+/// Blocking 64-byte ping-pong on `fd` (a connection in the 'L' phase): round-trip times in
+/// microseconds, after `warmup` round trips that are not counted.
+inline std::vector<double> latency_on(int fd, int iters, int warmup) {
     char msg[small_size];
     std::memset(msg, 'p', sizeof msg);
     std::vector<double> rtt;
@@ -141,7 +141,6 @@ inline std::vector<double> latency(std::uint16_t port, int iters, int warmup) {
         if (!recv_all(fd, msg, sizeof msg)) die("latency: peer closed");
         if (i >= warmup) rtt.push_back(now_us() - t0);
     }
-    ::close(fd);
     return rtt;
 }
 

@@ -1,9 +1,13 @@
 // rpc_bench: latency, calls/s and tensor bandwidth of the native agent between two local worker
 // processes, beside the same measures over plain sockets; prints one JSON object.
 //
-// Usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--quick]
+// Usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
 //   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
+// Latency alternates --blocks N (default 20) blocks of RPC and plain round trips in one caller
+// process: this host's speed drifts within seconds, and interleaving makes both figures sample the
+// same states (0: RPC only, no plain figure). The other plain figures come from a separate pair of
+// plain processes, run first.
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
 #include "rpc_half.hpp"
@@ -20,6 +24,7 @@ struct Config {
     long calls = 100000;
     int reps_1mib = 100;
     int reps_64mib = 6;
+    int latency_blocks = 20;
 };
 
 int caller_cpu(const Config& c) { return c.pin == "none" ? -1 : 0; }
@@ -41,9 +46,6 @@ std::map<std::string, double> run_baseline(const Config& cfg) {
     pid_t caller = bench::spawn([&] {
         ::close(lfd);
         bench::pin_to(caller_cpu(cfg));
-        auto rtt = bench::plain::latency(port, cfg.iters, cfg.iters / 10);
-        out.put("p50_us", bench::percentile(rtt, 50));
-        out.put("p99_us", bench::percentile(rtt, 99));
         out.put("calls_per_s_1", bench::plain::calls_per_s(port, 1, std::max<long>(cfg.calls / 5, 1000)));
         out.put("calls_per_s_16", bench::plain::calls_per_s(port, 16, cfg.calls));
         out.put("calls_per_s_128", bench::plain::calls_per_s(port, 128, cfg.calls));
@@ -86,13 +88,14 @@ int main(int argc, char** argv) {
         if (a == "--pin") cfg.pin = next();
         else if (a == "--iters") cfg.iters = std::stoi(next());
         else if (a == "--calls") cfg.calls = std::stol(next());
+        else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
         else if (a == "--quick") {
             cfg.iters = 2000;
             cfg.calls = 10000;
             cfg.reps_1mib = 10;
             cfg.reps_64mib = 2;
         } else {
-            std::fprintf(stderr, "usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--quick]\n");
+            std::fprintf(stderr, "usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]\n");
             return 2;
         }
     }
@@ -102,8 +105,13 @@ int main(int argc, char** argv) {
     }
 
     auto base = run_baseline(cfg);
-    bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg)};
+    bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks};
     auto ours = bench::run_rpc(rc);
+    // Latency's plain figures come from the RPC run, whose caller interleaves them with its own.
+    if (cfg.latency_blocks > 0) {
+        base["p50_us"] = ours["plain_p50_us"];
+        base["p99_us"] = ours["plain_p99_us"];
+    }
 
     std::printf("{");
     print_object(ours, "  ");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "bench_util.hpp"
+#include "plain_sockets.hpp"
 
 #include <tensorplay/rpc.hpp>
 
@@ -25,6 +26,7 @@ struct RpcConfig {
     int reps_64mib;
     int caller_cpu;
     int callee_cpu;
+    int latency_blocks;  ///< the latency loop alternates this many blocks of plain and RPC round trips (0: RPC only)
 };
 
 namespace rpc_detail {
@@ -154,7 +156,44 @@ inline Task<double> echo_gbps(RpcAgent& agent, std::size_t size, int reps, bool&
 }
 
 
-inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPipe& out) {
+/// Round-trip latency, RPC and plain sockets interleaved: `blocks` alternating blocks of each (the
+/// first of a block pair alternates too), so that both sample the same machine states: this host's
+/// speed drifts within seconds, which made a plain run followed by an RPC run compare two states.
+/// `plain_fd` is a connection in the plain ping-pong phase (its callee is another process).
+inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, std::vector<double>& rpc,
+                          std::vector<double>& plain, bool& ok) {
+    const Bytes payload(64, 'p');
+    const bool rpc_only = cfg.latency_blocks <= 0;  // (rtt_instructions.sh counts the RPC's instructions alone)
+    const int blocks = std::max(1, cfg.latency_blocks);
+    const int per_block = std::max(1, cfg.iters / blocks);
+    const int warmup = std::max(1, per_block / 10);  // not counted: a block's first calls find colder caches
+    rpc.reserve(static_cast<std::size_t>(blocks * per_block));
+    plain.reserve(static_cast<std::size_t>(blocks * per_block));
+    for (int b = 0; b < 2 * blocks; ++b) {
+        if ((b + b / 2) % 2 == 0) {  // plain, rpc, rpc, plain, plain, rpc, ...
+            if (rpc_only) continue;
+            auto times = plain::latency_on(plain_fd, per_block, warmup);
+            plain.insert(plain.end(), times.begin(), times.end());
+            continue;
+        }
+        for (int i = 0; i < warmup + per_block; ++i) {
+            // The call as a user writes it, awaited here (echo_small would add a coroutine per call).
+            const double t0 = now_us();
+            Message m;
+            m.payload = payload;
+            auto call = agent.rpc_async("callee", "echo", std::move(m));
+            auto r = co_await std::move(call);
+            const double t1 = now_us();  // (the check below is the benchmark's, not the call's)
+            if (i >= warmup) rpc.push_back(t1 - t0);
+            if (!r || r->payload != payload) {
+                if (!r) std::fprintf(stderr, "rpc_bench: echo: %s\n", r.error().to_string().c_str());
+                ok = false;
+            }
+        }
+    }
+}
+
+inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcConfig& cfg, const ResultPipe& out) {
     std::uint16_t port = 0;
     if (::read(port_pipe, &port, sizeof port) != sizeof port) co_return 1;
     std::shared_ptr<Store> store;
@@ -167,26 +206,15 @@ inline Task<int> caller_main(int port_pipe, const RpcConfig& cfg, const ResultPi
     std::vector<std::string> ready_key{"bench/ready"};  // (not braced inside co_await: GCC 12)
     if (auto w = co_await store->wait(ready_key, std::chrono::seconds(60)); !w) co_return 1;
     bool ok = true;
-    const Bytes payload(64, 'p');
-    std::vector<double> rtt;
-    rtt.reserve(static_cast<std::size_t>(cfg.iters));
-    for (int i = 0; i < cfg.iters + cfg.iters / 10; ++i) {
-        // The call as a user writes it, awaited here (echo_small would add a coroutine per call).
-        const double t0 = now_us();
-        Message m;
-        m.payload = payload;
-        auto call = agent->rpc_async("callee", "echo", std::move(m));
-        auto r = co_await std::move(call);
-        const double t1 = now_us();  // (the check below is the benchmark's, not the call's)
-        if (i >= cfg.iters / 10) rtt.push_back(t1 - t0);
-        if (!r || r->payload != payload) {
-            if (!r) std::fprintf(stderr, "rpc_bench: echo: %s\n", r.error().to_string().c_str());
-            ok = false;
-        }
-    }
+    std::vector<double> rtt, plain_rtt;
+    const int plain_fd = plain::open_phase(plain_port, 'L');
+    co_await latency(*agent, plain_fd, cfg, rtt, plain_rtt, ok);
+    ::close(plain_fd);
     progress("p50_us");
     out.put("p50_us", percentile(rtt, 50));
     out.put("p99_us", percentile(rtt, 99));
+    out.put("plain_p50_us", percentile(plain_rtt, 50));
+    out.put("plain_p99_us", percentile(plain_rtt, 99));
     // (each result lands in a local first: GCC 12 mishandles a std::string temporary that lives
     // across a co_await in the same full expression)
     const double c1 = co_await calls_per_s(*agent, 1, std::max<long>(cfg.calls / 5, 1000), ok);
@@ -240,24 +268,37 @@ inline int run_child(int cpu, std::function<Task<int>()> body) {
 
 /// Runs the caller and callee workers and returns the caller's figures plus the peak RSS.
 inline std::map<std::string, double> run_rpc(const RpcConfig& cfg) {
+    // The plain ping-pong's callee, for the interleaved latency blocks (see latency());
+    // started first, so that it holds none of the pipes below (the callee waits for EOF on one).
+    std::uint16_t plain_port = 0;
+    const int lfd = plain::listen_loopback(plain_port);
+    pid_t plain_callee = spawn([&] {
+        pin_to(cfg.callee_cpu);
+        return plain::serve(lfd);
+    });
     int fds[2], gone[2];
     if (::pipe(fds) != 0 || ::pipe(gone) != 0) return {{"failed", 1}};
     ResultPipe out;
     pid_t callee = spawn([&] {
         ::close(fds[0]);
         ::close(gone[1]);
+        ::close(lfd);
         return rpc_detail::run_child(cfg.callee_cpu, [&] { return rpc_detail::callee_main(fds[1], gone[0], out); });
     });
     pid_t caller = spawn([&] {
         ::close(fds[1]);
         ::close(gone[0]);  // gone[1] stays open until this process exits
-        return rpc_detail::run_child(cfg.caller_cpu, [&] { return rpc_detail::caller_main(fds[0], cfg, out); });
+        ::close(lfd);
+        return rpc_detail::run_child(cfg.caller_cpu, [&] { return rpc_detail::caller_main(fds[0], plain_port, cfg, out); });
     });
     ::close(fds[0]);
     ::close(fds[1]);
     ::close(gone[0]);
     ::close(gone[1]);
-    const bool ok = reap(caller) & reap(callee);
+    const bool rpc_ok = reap(caller) & reap(callee);
+    plain::quit(plain_port);
+    ::close(lfd);
+    const bool ok = reap(plain_callee) & rpc_ok;
     auto r = out.collect();
     r["peak_rss_mib"] = std::max(r["rss_caller"], r["rss_callee"]);
     if (!ok) r["failed"] = 1;

@@ -11,7 +11,7 @@ trap 'rm -rf "$out"' EXIT
 for n in 2000 22000; do
   mkdir -p "$out/$n"
   valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$out/$n/cg.%p" \
-    "$build/bench/rpc_bench" --quick --iters "$n" > "$out/$n.log" 2>&1 &
+    "$build/bench/rpc_bench" --quick --blocks 0 --iters "$n" > "$out/$n.log" 2>&1 &
 done
 wait
 python3 - "$out" <<'PY'
