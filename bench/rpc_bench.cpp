@@ -6,8 +6,9 @@
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
 // Latency alternates --blocks N (default 20) blocks of RPC and plain round trips in one caller
 // process: this host's speed drifts within seconds, and interleaving makes both figures sample the
-// same states (0: RPC only, no plain figure). The other plain figures come from a separate pair of
-// plain processes, run first.
+// same states (0: RPC only, no plain figure). ratio.p50_us is the median, over adjacent block
+// pairs, of the RPC block's median over the plain block's; ratio.p50_us_pooled divides the pooled
+// medians. The other plain figures come from a separate pair of plain processes, run first.
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
 #include "rpc_half.hpp"
@@ -121,9 +122,14 @@ int main(int argc, char** argv) {
     bool first = true;
     for (const char* k : keys) {
         const double o = ours.count(k) ? ours[k] : -1, b = base.count(k) ? base[k] : -1;
-        std::printf("%s\n    \"%s\": %.3f", first ? "" : ",", k, (o > 0 && b > 0) ? o / b : -1.0);
+        double ratio = (o > 0 && b > 0) ? o / b : -1.0;
+        if (std::strcmp(k, "p50_us") == 0 && ours.count("p50_paired_ratio")) ratio = ours["p50_paired_ratio"];
+        std::printf("%s\n    \"%s\": %.3f", first ? "" : ",", k, ratio);
         first = false;
     }
+    // The pooled medians' ratio, beside the paired one above.
+    if (ours.count("p50_us") && base.count("p50_us") && base["p50_us"] > 0)
+        std::printf(",\n    \"p50_us_pooled\": %.3f", ours["p50_us"] / base["p50_us"]);
     std::printf("\n  },\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n", cfg.pin.c_str(),
                 (ours.count("failed") || base.count("failed")) ? "false" : "true");
     return (ours.count("failed") || base.count("failed")) ? 1 : 0;

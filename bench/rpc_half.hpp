@@ -160,8 +160,10 @@ inline Task<double> echo_gbps(RpcAgent& agent, std::size_t size, int reps, bool&
 /// first of a block pair alternates too), so that both sample the same machine states: this host's
 /// speed drifts within seconds, which made a plain run followed by an RPC run compare two states.
 /// `plain_fd` is a connection in the plain ping-pong phase (its callee is another process).
+/// `pair_ratios`: for each adjacent pair of blocks, the RPC block's median over the plain one's
+/// (the host can switch state between pairs; pooled medians then mix states unevenly).
 inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, std::vector<double>& rpc,
-                          std::vector<double>& plain, bool& ok) {
+                          std::vector<double>& plain, std::vector<double>& pair_ratios, bool& ok) {
     const Bytes payload(64, 'p');
     const bool rpc_only = cfg.latency_blocks <= 0;  // (rtt_instructions.sh counts the RPC's instructions alone)
     const int blocks = std::max(1, cfg.latency_blocks);
@@ -169,13 +171,17 @@ inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, s
     const int warmup = std::max(1, per_block / 10);  // not counted: a block's first calls find colder caches
     rpc.reserve(static_cast<std::size_t>(blocks * per_block));
     plain.reserve(static_cast<std::size_t>(blocks * per_block));
+    double plain_median = 0, rpc_median = 0;
     for (int b = 0; b < 2 * blocks; ++b) {
+        if (b % 2 == 0 && b > 0 && plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
         if ((b + b / 2) % 2 == 0) {  // plain, rpc, rpc, plain, plain, rpc, ...
             if (rpc_only) continue;
             auto times = plain::latency_on(plain_fd, per_block, warmup);
+            plain_median = percentile(times, 50);
             plain.insert(plain.end(), times.begin(), times.end());
             continue;
         }
+        const std::size_t block_start = rpc.size();
         for (int i = 0; i < warmup + per_block; ++i) {
             // The call as a user writes it, awaited here (echo_small would add a coroutine per call).
             const double t0 = now_us();
@@ -190,7 +196,9 @@ inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, s
                 ok = false;
             }
         }
+        rpc_median = percentile(std::vector<double>(rpc.begin() + static_cast<std::ptrdiff_t>(block_start), rpc.end()), 50);
     }
+    if (plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
 }
 
 inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcConfig& cfg, const ResultPipe& out) {
@@ -206,15 +214,16 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
     std::vector<std::string> ready_key{"bench/ready"};  // (not braced inside co_await: GCC 12)
     if (auto w = co_await store->wait(ready_key, std::chrono::seconds(60)); !w) co_return 1;
     bool ok = true;
-    std::vector<double> rtt, plain_rtt;
+    std::vector<double> rtt, plain_rtt, pair_ratios;
     const int plain_fd = plain::open_phase(plain_port, 'L');
-    co_await latency(*agent, plain_fd, cfg, rtt, plain_rtt, ok);
+    co_await latency(*agent, plain_fd, cfg, rtt, plain_rtt, pair_ratios, ok);
     ::close(plain_fd);
     progress("p50_us");
     out.put("p50_us", percentile(rtt, 50));
     out.put("p99_us", percentile(rtt, 99));
     out.put("plain_p50_us", percentile(plain_rtt, 50));
     out.put("plain_p99_us", percentile(plain_rtt, 99));
+    if (!pair_ratios.empty()) out.put("p50_paired_ratio", percentile(pair_ratios, 50));
     // (each result lands in a local first: GCC 12 mishandles a std::string temporary that lives
     // across a co_await in the same full expression)
     const double c1 = co_await calls_per_s(*agent, 1, std::max<long>(cfg.calls / 5, 1000), ok);
