@@ -6,9 +6,11 @@
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
 // Latency alternates --blocks N (default 20) blocks of RPC and plain round trips in one caller
 // process: this host's speed drifts within seconds, and interleaving makes both figures sample the
-// same states (0: RPC only, no plain figure). ratio.p50_us is the median, over adjacent block
+// same states (0: RPC only, no plain figures). ratio.p50_us is the median, over adjacent block
 // pairs, of the RPC block's median over the plain block's; ratio.p50_us_pooled divides the pooled
-// medians. The other plain figures come from a separate pair of plain processes, run first.
+// medians. Calls per second interleave the same way (5 block pairs; its ratios are the medians of
+// the pairs' ratios). The plain GB/s come from a separate pair of plain processes, run first (its
+// buffers would count in the caller's peak RSS).
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
 #include "rpc_half.hpp"
@@ -47,9 +49,6 @@ std::map<std::string, double> run_baseline(const Config& cfg) {
     pid_t caller = bench::spawn([&] {
         ::close(lfd);
         bench::pin_to(caller_cpu(cfg));
-        out.put("calls_per_s_1", bench::plain::calls_per_s(port, 1, std::max<long>(cfg.calls / 5, 1000)));
-        out.put("calls_per_s_16", bench::plain::calls_per_s(port, 16, cfg.calls));
-        out.put("calls_per_s_128", bench::plain::calls_per_s(port, 128, cfg.calls));
         out.put("gbps_1mib", bench::plain::echo_gbps(port, std::size_t{1} << 20, cfg.reps_1mib));
         out.put("gbps_64mib", bench::plain::echo_gbps(port, std::size_t{64} << 20, cfg.reps_64mib));
         bench::plain::quit(port);
@@ -108,11 +107,10 @@ int main(int argc, char** argv) {
     auto base = run_baseline(cfg);
     bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks};
     auto ours = bench::run_rpc(rc);
-    // Latency's plain figures come from the RPC run, whose caller interleaves them with its own.
-    if (cfg.latency_blocks > 0) {
-        base["p50_us"] = ours["plain_p50_us"];
-        base["p99_us"] = ours["plain_p99_us"];
-    }
+    // Latency's and calls per second's plain figures come from the RPC run, whose caller
+    // interleaves them with its own.
+    for (const char* k : {"p50_us", "p99_us", "calls_per_s_1", "calls_per_s_16", "calls_per_s_128"})
+        if (auto it = ours.find(std::string("plain_") + k); it != ours.end()) base[k] = it->second;
 
     std::printf("{");
     print_object(ours, "  ");
@@ -123,7 +121,7 @@ int main(int argc, char** argv) {
     for (const char* k : keys) {
         const double o = ours.count(k) ? ours[k] : -1, b = base.count(k) ? base[k] : -1;
         double ratio = (o > 0 && b > 0) ? o / b : -1.0;
-        if (std::strcmp(k, "p50_us") == 0 && ours.count("p50_paired_ratio")) ratio = ours["p50_paired_ratio"];
+        if (auto it = ours.find(std::string(k) + "_paired_ratio"); it != ours.end()) ratio = it->second;
         std::printf("%s\n    \"%s\": %.3f", first ? "" : ",", k, ratio);
         first = false;
     }

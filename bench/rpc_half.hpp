@@ -201,6 +201,33 @@ inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, s
     if (plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
 }
 
+/// Calls per second with `depth` in flight, RPC and plain (one send per message) interleaved as in
+/// latency(): 5 pairs of blocks of `total / 5` calls, the first of a pair alternating. Puts `key`
+/// (the RPC blocks' median), "plain_" + `key` and `key` + "_paired_ratio" (the median of the pairs'
+/// ratios); RPC alone when cfg.latency_blocks is 0.
+inline Task<void> paired_calls_per_s(RpcAgent& agent, std::uint16_t plain_port, int depth, long total, const RpcConfig& cfg,
+                                     const std::string& key, const ResultPipe& out, bool& ok) {
+    constexpr int blocks = 5;
+    const bool with_plain = cfg.latency_blocks > 0;
+    const long per_block = std::max<long>(total / blocks, depth);
+    std::vector<double> rpc, plain, ratios;
+    for (int b = 0; b < blocks; ++b) {
+        double p = 0;
+        if (with_plain && b % 2 == 0) p = plain::calls_per_s(plain_port, depth, per_block);
+        const double r = co_await calls_per_s(agent, depth, per_block, ok);
+        if (with_plain && b % 2 == 1) p = plain::calls_per_s(plain_port, depth, per_block);
+        rpc.push_back(r);
+        if (!with_plain) continue;
+        plain.push_back(p);
+        ratios.push_back(r / p);
+    }
+    progress(key.c_str());
+    out.put(key, percentile(rpc, 50));
+    if (!with_plain) co_return;
+    out.put("plain_" + key, percentile(plain, 50));
+    out.put(key + "_paired_ratio", percentile(ratios, 50));
+}
+
 inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcConfig& cfg, const ResultPipe& out) {
     std::uint16_t port = 0;
     if (::read(port_pipe, &port, sizeof port) != sizeof port) co_return 1;
@@ -223,18 +250,13 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
     out.put("p99_us", percentile(rtt, 99));
     out.put("plain_p50_us", percentile(plain_rtt, 50));
     out.put("plain_p99_us", percentile(plain_rtt, 99));
-    if (!pair_ratios.empty()) out.put("p50_paired_ratio", percentile(pair_ratios, 50));
+    if (!pair_ratios.empty()) out.put("p50_us_paired_ratio", percentile(pair_ratios, 50));
     // (each result lands in a local first: GCC 12 mishandles a std::string temporary that lives
     // across a co_await in the same full expression)
-    const double c1 = co_await calls_per_s(*agent, 1, std::max<long>(cfg.calls / 5, 1000), ok);
-    progress("calls_per_s_1");
-    out.put("calls_per_s_1", c1);
-    const double c16 = co_await calls_per_s(*agent, 16, cfg.calls, ok);
-    progress("calls_per_s_16");
-    out.put("calls_per_s_16", c16);
-    const double c128 = co_await calls_per_s(*agent, 128, cfg.calls, ok);
-    progress("calls_per_s_128");
-    out.put("calls_per_s_128", c128);
+    const long c1_calls = std::max<long>(cfg.calls / 5, 1000);
+    co_await paired_calls_per_s(*agent, plain_port, 1, c1_calls, cfg, "calls_per_s_1", out, ok);
+    co_await paired_calls_per_s(*agent, plain_port, 16, cfg.calls, cfg, "calls_per_s_16", out, ok);
+    co_await paired_calls_per_s(*agent, plain_port, 128, cfg.calls, cfg, "calls_per_s_128", out, ok);
     const double g1 = co_await echo_gbps(*agent, std::size_t{1} << 20, cfg.reps_1mib, ok);
     progress("gbps_1mib");
     out.put("gbps_1mib", g1);
