@@ -196,7 +196,7 @@ inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, s
                 ok = false;
             }
         }
-        rpc_median = percentile(std::vector<double>(rpc.begin() + static_cast<std::ptrdiff_t>(block_start), rpc.end()), 50);
+        if (!rpc_only) rpc_median = percentile(std::vector<double>(rpc.begin() + static_cast<std::ptrdiff_t>(block_start), rpc.end()), 50);
     }
     if (plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
 }
