@@ -4,13 +4,13 @@
 // Usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
 //   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
-// Latency alternates --blocks N (default 20) blocks of RPC and plain round trips in one caller
-// process: this host's speed drifts within seconds, and interleaving makes both figures sample the
-// same states (0: RPC only, no plain figures). ratio.p50_us is the median, over adjacent block
+// Latency alternates --blocks N (default 20) pairs of RPC and plain blocks of round trips in one
+// caller process: this host's speed drifts within seconds, and interleaving makes both figures
+// sample the same states (0: RPC only, no plain figures). ratio.p50_us is the median, over the
 // pairs, of the RPC block's median over the plain block's; ratio.p50_us_pooled divides the pooled
-// medians. Calls per second interleave the same way (5 block pairs; its ratios are the medians of
-// the pairs' ratios). The plain GB/s come from a separate pair of plain processes, run first (its
-// buffers would count in the caller's peak RSS).
+// medians. Calls per second interleave the same way (5 pairs per depth; their ratios are the
+// medians of the pairs' ratios). The plain GB/s come from a separate pair of plain processes, run
+// first (their buffers would count in the caller's peak RSS).
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
 #include "rpc_half.hpp"

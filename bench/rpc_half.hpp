@@ -26,7 +26,7 @@ struct RpcConfig {
     int reps_64mib;
     int caller_cpu;
     int callee_cpu;
-    int latency_blocks;  ///< the latency loop alternates this many blocks of plain and RPC round trips (0: RPC only)
+    int latency_blocks;  ///< latency alternates this many pairs of plain and RPC blocks (0: RPC only, no plain figures)
 };
 
 namespace rpc_detail {
@@ -156,49 +156,47 @@ inline Task<double> echo_gbps(RpcAgent& agent, std::size_t size, int reps, bool&
 }
 
 
-/// Round-trip latency, RPC and plain sockets interleaved: `blocks` alternating blocks of each (the
-/// first of a block pair alternates too), so that both sample the same machine states: this host's
-/// speed drifts within seconds, which made a plain run followed by an RPC run compare two states.
-/// `plain_fd` is a connection in the plain ping-pong phase (its callee is another process).
-/// `pair_ratios`: for each adjacent pair of blocks, the RPC block's median over the plain one's
-/// (the host can switch state between pairs; pooled medians then mix states unevenly).
+/// Round-trip latency, RPC and plain sockets interleaved, so that both sample the same machine
+/// states (this host's speed drifts within seconds, which made a plain run followed by an RPC run
+/// compare two states): `cfg.latency_blocks` pairs of blocks, one of each, the first of a pair
+/// alternating (plain, rpc, rpc, plain, ...). `plain_fd` is a connection in the plain ping-pong
+/// phase (its callee is another process). `pair_ratios`: each pair's RPC median over its plain
+/// median (the host can switch state between pairs; pooled medians then mix states unevenly).
+/// With cfg.latency_blocks 0, RPC alone (rtt_instructions.sh counts the RPC's instructions).
 inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, std::vector<double>& rpc,
                           std::vector<double>& plain, std::vector<double>& pair_ratios, bool& ok) {
     const Bytes payload(64, 'p');
-    const bool rpc_only = cfg.latency_blocks <= 0;  // (rtt_instructions.sh counts the RPC's instructions alone)
-    const int blocks = std::max(1, cfg.latency_blocks);
-    const int per_block = std::max(1, cfg.iters / blocks);
+    const bool with_plain = cfg.latency_blocks > 0;
+    const int pairs = std::max(1, cfg.latency_blocks);
+    const int per_block = std::max(1, cfg.iters / pairs);
     const int warmup = std::max(1, per_block / 10);  // not counted: a block's first calls find colder caches
-    rpc.reserve(static_cast<std::size_t>(blocks * per_block));
-    plain.reserve(static_cast<std::size_t>(blocks * per_block));
-    double plain_median = 0, rpc_median = 0;
-    for (int b = 0; b < 2 * blocks; ++b) {
-        if (b % 2 == 0 && b > 0 && plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
-        if ((b + b / 2) % 2 == 0) {  // plain, rpc, rpc, plain, plain, rpc, ...
-            if (rpc_only) continue;
-            auto times = plain::latency_on(plain_fd, per_block, warmup);
-            plain_median = percentile(times, 50);
-            plain.insert(plain.end(), times.begin(), times.end());
-            continue;
-        }
-        const std::size_t block_start = rpc.size();
+    rpc.reserve(static_cast<std::size_t>(pairs * per_block));
+    plain.reserve(static_cast<std::size_t>(pairs * per_block));
+    for (int b = 0; b < pairs; ++b) {
+        std::vector<double> p;
+        if (with_plain && b % 2 == 0) p = plain::latency_on(plain_fd, per_block, warmup);
+        std::vector<double> r;
+        r.reserve(static_cast<std::size_t>(per_block));
         for (int i = 0; i < warmup + per_block; ++i) {
             // The call as a user writes it, awaited here (echo_small would add a coroutine per call).
             const double t0 = now_us();
             Message m;
             m.payload = payload;
             auto call = agent.rpc_async("callee", "echo", std::move(m));
-            auto r = co_await std::move(call);
+            auto reply = co_await std::move(call);
             const double t1 = now_us();  // (the check below is the benchmark's, not the call's)
-            if (i >= warmup) rpc.push_back(t1 - t0);
-            if (!r || r->payload != payload) {
-                if (!r) std::fprintf(stderr, "rpc_bench: echo: %s\n", r.error().to_string().c_str());
+            if (i >= warmup) r.push_back(t1 - t0);
+            if (!reply || reply->payload != payload) {
+                if (!reply) std::fprintf(stderr, "rpc_bench: echo: %s\n", reply.error().to_string().c_str());
                 ok = false;
             }
         }
-        if (!rpc_only) rpc_median = percentile(std::vector<double>(rpc.begin() + static_cast<std::ptrdiff_t>(block_start), rpc.end()), 50);
+        if (with_plain && b % 2 == 1) p = plain::latency_on(plain_fd, per_block, warmup);
+        rpc.insert(rpc.end(), r.begin(), r.end());
+        if (!with_plain) continue;
+        pair_ratios.push_back(percentile(r, 50) / percentile(p, 50));
+        plain.insert(plain.end(), p.begin(), p.end());
     }
-    if (plain_median > 0) pair_ratios.push_back(rpc_median / plain_median);
 }
 
 /// Calls per second with `depth` in flight, RPC and plain (one send per message) interleaved as in
@@ -206,12 +204,12 @@ inline Task<void> latency(RpcAgent& agent, int plain_fd, const RpcConfig& cfg, s
 /// (the RPC blocks' median), "plain_" + `key` and `key` + "_paired_ratio" (the median of the pairs'
 /// ratios); RPC alone when cfg.latency_blocks is 0.
 inline Task<void> paired_calls_per_s(RpcAgent& agent, std::uint16_t plain_port, int depth, long total, const RpcConfig& cfg,
-                                     const std::string& key, const ResultPipe& out, bool& ok) {
-    constexpr int blocks = 5;
+                                     const char* key, const ResultPipe& out, bool& ok) {
+    constexpr int pairs = 5;
     const bool with_plain = cfg.latency_blocks > 0;
-    const long per_block = std::max<long>(total / blocks, depth);
+    const long per_block = std::max<long>(total / pairs, depth);
     std::vector<double> rpc, plain, ratios;
-    for (int b = 0; b < blocks; ++b) {
+    for (int b = 0; b < pairs; ++b) {
         double p = 0;
         if (with_plain && b % 2 == 0) p = plain::calls_per_s(plain_port, depth, per_block);
         const double r = co_await calls_per_s(agent, depth, per_block, ok);
@@ -221,11 +219,11 @@ inline Task<void> paired_calls_per_s(RpcAgent& agent, std::uint16_t plain_port, 
         plain.push_back(p);
         ratios.push_back(r / p);
     }
-    progress(key.c_str());
+    progress(key);
     out.put(key, percentile(rpc, 50));
     if (!with_plain) co_return;
-    out.put("plain_" + key, percentile(plain, 50));
-    out.put(key + "_paired_ratio", percentile(ratios, 50));
+    out.put(std::string("plain_") + key, percentile(plain, 50));
+    out.put(std::string(key) + "_paired_ratio", percentile(ratios, 50));
 }
 
 inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcConfig& cfg, const ResultPipe& out) {
@@ -248,10 +246,12 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
     progress("p50_us");
     out.put("p50_us", percentile(rtt, 50));
     out.put("p99_us", percentile(rtt, 99));
-    out.put("plain_p50_us", percentile(plain_rtt, 50));
-    out.put("plain_p99_us", percentile(plain_rtt, 99));
-    if (!pair_ratios.empty()) out.put("p50_us_paired_ratio", percentile(pair_ratios, 50));
-    // (each result lands in a local first: GCC 12 mishandles a std::string temporary that lives
+    if (!pair_ratios.empty()) {
+        out.put("plain_p50_us", percentile(plain_rtt, 50));
+        out.put("plain_p99_us", percentile(plain_rtt, 99));
+        out.put("p50_us_paired_ratio", percentile(pair_ratios, 50));
+    }
+    // (keys as const char*, counts in locals: GCC 12 mishandles a std::string temporary that lives
     // across a co_await in the same full expression)
     const long c1_calls = std::max<long>(cfg.calls / 5, 1000);
     co_await paired_calls_per_s(*agent, plain_port, 1, c1_calls, cfg, "calls_per_s_1", out, ok);
