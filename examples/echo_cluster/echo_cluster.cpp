@@ -1,7 +1,8 @@
 // echo_cluster: N workers rendezvous over env://, echo a 64-byte message and a 1 MiB tensor to every
 // other worker, check every byte, print latency percentiles and shut down gracefully.
 //
-//   echo_cluster --world-size 4 [--rounds 20]   spawns 4 local workers (rank 0 hosts the store)
+//   echo_cluster --world-size 4 [--rounds 20] [--stats]   spawns 4 local workers (rank 0 hosts the store);
+//                                                          --stats: each prints its agent's counters as JSON
 //   MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. echo_cluster   runs one worker (torchrun, srun)
 //
 // Exit status 0 only if every worker got every reply intact and shut down cleanly.
@@ -52,7 +53,7 @@ double percentile(std::vector<double> v, double p) {
     return v[std::min(i, v.size() - 1)];
 }
 
-tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
+tp::Task<int> worker(int rank, int world_size, int rounds, bool local, bool stats) {
     const std::string name = "worker" + std::to_string(rank);
     auto options = std::make_shared<tp::TensorPipeRpcBackendOptions>();
     options->init_method = "env://";
@@ -119,6 +120,11 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
     std::printf("%s: %zu calls; 64 B echo p50 %.1f us p99 %.1f us; 1 MiB tensor echo p50 %.1f us p99 %.1f us; %d failed\n",
                 name.c_str(), small_us.size() + tensor_us.size(), percentile(small_us, 50), percentile(small_us, 99),
                 percentile(tensor_us, 50), percentile(tensor_us, 99), failures);
+    if (stats) {
+        auto info = co_await (*agent)->get_debug_info();
+        if (info) std::printf("%s stats: %s\n", name.c_str(), info->to_json().c_str());
+        else std::fprintf(stderr, "%s: stats: %s\n", name.c_str(), info.error().to_string().c_str());
+    }
     std::fflush(stdout);
 
     auto down = co_await tp::shutdown(true, 60);
@@ -129,10 +135,10 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local) {
     co_return failures == 0 ? 0 : 1;
 }
 
-int run_worker(int rank, int world_size, int rounds, bool local) {
+int run_worker(int rank, int world_size, int rounds, bool local, bool stats) {
     asio::io_context ctx(1);
     int rc = 1;
-    asio::co_spawn(ctx, worker(rank, world_size, rounds, local), [&](std::exception_ptr e, int r) {
+    asio::co_spawn(ctx, worker(rank, world_size, rounds, local, stats), [&](std::exception_ptr e, int r) {
         rc = e ? 3 : r;
         ctx.stop();  // the worker is done; nothing left in the background matters
     });
@@ -153,7 +159,7 @@ int free_port() {
     return ntohs(a.sin_port);
 }
 
-int spawn_cluster(const char* self, int world_size, int rounds, int timeout_s) {
+int spawn_cluster(const char* self, int world_size, int rounds, int timeout_s, bool stats) {
     const int port = free_port();
     if (port <= 0) {
         std::perror("echo_cluster: finding a free port");
@@ -175,7 +181,8 @@ int spawn_cluster(const char* self, int world_size, int rounds, int timeout_s) {
             ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
             ::setenv("ECHO_CLUSTER_LOCAL", "1", 1);
             const std::string r = std::to_string(rounds);
-            ::execl("/proc/self/exe", self, "--rounds", r.c_str(), static_cast<char*>(nullptr));
+            ::execl("/proc/self/exe", self, "--rounds", r.c_str(), stats ? "--stats" : static_cast<char*>(nullptr),
+                    static_cast<char*>(nullptr));
             std::perror("exec");
             ::_exit(127);
         }
@@ -214,13 +221,15 @@ int spawn_cluster(const char* self, int world_size, int rounds, int timeout_s) {
 
 int main(int argc, char** argv) {
     int world_size = 0, rounds = 20, timeout_s = 60;
+    bool stats = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (i + 1 < argc && a == "--world-size") world_size = std::atoi(argv[++i]);
         else if (i + 1 < argc && a == "--rounds") rounds = std::atoi(argv[++i]);
         else if (i + 1 < argc && a == "--timeout") timeout_s = std::atoi(argv[++i]);
+        else if (a == "--stats") stats = true;
         else {
-            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S]\n"
+            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S] [--stats]\n"
                                  "   or: MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. %s\n", argv[0], argv[0]);
             return 2;
         }
@@ -229,10 +238,10 @@ int main(int argc, char** argv) {
                           !env("WORLD_SIZE").empty();
     if (launched && world_size == 0)
         return run_worker(std::atoi(env("RANK").c_str()), std::atoi(env("WORLD_SIZE").c_str()), std::max(rounds, 1),
-                          env("ECHO_CLUSTER_LOCAL") == "1");
+                          env("ECHO_CLUSTER_LOCAL") == "1", stats);
     if (world_size < 1) {
         std::fprintf(stderr, "%s: give --world-size N, or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE\n", argv[0]);
         return 2;
     }
-    return spawn_cluster(argv[0], world_size, std::max(rounds, 1), timeout_s);
+    return spawn_cluster(argv[0], world_size, std::max(rounds, 1), timeout_s, stats);
 }

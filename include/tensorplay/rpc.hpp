@@ -28,5 +28,6 @@
 #include <tensorplay/rpc/device_map_exchange.hpp>
 #include <tensorplay/rpc/message.hpp>
 #include <tensorplay/rpc/options.hpp>
+#include <tensorplay/rpc/startup.hpp>
 #include <tensorplay/rpc/typed.hpp>
 #include <tensorplay/rpc/worker_info.hpp>

@@ -12,13 +12,14 @@ namespace {
 
 LogLevel level_from_env() {
     const char* v = std::getenv("TP_LOG_LEVEL");
-    if (!v) return LogLevel::warn;
+    if (!v || !*v) return LogLevel::warn;
     std::string s(v);
-    if (s == "trace") return LogLevel::trace;
-    if (s == "debug") return LogLevel::debug;
-    if (s == "info") return LogLevel::info;
-    if (s == "error") return LogLevel::error;
-    if (s == "off") return LogLevel::off;
+    for (auto level : {LogLevel::trace, LogLevel::debug, LogLevel::info, LogLevel::warn, LogLevel::error, LogLevel::off})
+        if (s == to_string(level)) return level;
+    // Said once, at the first log call, before the sink can be replaced: a typo must not go unseen.
+    std::string line = "[tensorplay warn] log: TP_LOG_LEVEL=\"" + s +
+                       "\" is not one of trace, debug, info, warn, error, off; using warn\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
     return LogLevel::warn;
 }
 
@@ -29,8 +30,10 @@ struct LogState {
 };
 
 LogState& state() {
-    static LogState s;  // function-local: safe to use from static initialisers of other files
-    return s;
+    // Function-local, so safe from static initialisers of other files; never destroyed, so safe
+    // from static destructors (the RPC layer logs from one at exit).
+    static auto* s = new LogState;
+    return *s;
 }
 
 void default_sink(LogLevel level, std::string_view component, std::string_view message) {

@@ -1,6 +1,7 @@
 // The top-level RPC API: init_rpc, the process default agent, shutdown, rpc_async / rpc_sync.
 #include <tensorplay/rpc/api.hpp>
 
+#include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
 #include <tensorplay/store/rendezvous.hpp>
 #include <tensorplay/store/tcp_store.hpp>
@@ -16,6 +17,8 @@
 
 #include <asio/experimental/as_tuple.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <future>
 #include <mutex>
 
@@ -31,10 +34,20 @@ struct ProcessState {
     std::optional<Executor> executor;
     std::unique_ptr<Runtime> runtime;
 
+    // Runs at exit, after main. An agent on the process runtime is closed before the runtime's
+    // threads stop. One on the user's event loop is left alone: that loop has usually been destroyed
+    // by now, and closing the agent would post to it (the agent's sockets go with the process).
     ~ProcessState() {
-        agent.reset();  // before the runtime whose threads it may use
+        const bool on_runtime = agent && runtime && executor && *executor == runtime->get_executor();
+        if (agent && !on_runtime) {
+            log(LogLevel::warn, "rpc", "the process exits with the RPC agent of worker \"" + agent->get_worker_info().name +
+                                           "\" still running: shut it down (co_await agent->shutdown()) before its event loop ends");
+            abandoned = new std::shared_ptr<RpcAgent>(std::move(agent));
+        }
+        agent.reset();  // before the runtime whose threads it uses
         runtime.reset();
     }
+    static inline std::shared_ptr<RpcAgent>* abandoned = nullptr;  // reachable, so not reported as a leak
 };
 
 ProcessState& state() {
@@ -65,6 +78,16 @@ void adopt_as_default(const std::shared_ptr<RpcAgent>& agent, const Executor& ex
     if (!s.agent) {
         s.agent = agent;
         s.executor = ex;
+    }
+}
+
+// Clears the process default when it is `agent`.
+void forget_default(const RpcAgent* agent) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    if (s.agent.get() == agent) {
+        s.agent.reset();
+        s.executor.reset();
     }
 }
 
@@ -116,33 +139,17 @@ void set_default_agent(std::shared_ptr<RpcAgent> agent, Executor executor) {
     else s.executor.reset();
 }
 
-Task<Result<std::shared_ptr<RpcAgent>>> init_rpc_with_store(std::shared_ptr<Store> store, std::string name,
-                                                            BackendRef backend, int rank, int world_size,
-                                                            std::shared_ptr<RpcBackendOptions> options) {
-    const std::string what = "init_rpc as \"" + name + "\"";
-    if (!store) co_return fail(Errc::invalid_argument, what + ": the store is null");
-    if (!options) {
-        auto made = construct_rpc_backend_options(backend);
-        if (!made) co_return fail(std::move(made).error().context(what));
-        options = std::move(*made);
-    }
-    auto ex = co_await asio::this_coro::executor;
-    auto agent = co_await init_backend(backend, BackendInitArgs(std::move(store), name, rank, world_size, options));
-    if (!agent) co_return fail(std::move(agent).error().context(what));
-    adopt_as_default(*agent, ex);
-    co_return std::move(*agent);
-}
-
 namespace {
 
-// The agent of the rank that hosts the rendezvous store: it owns the store server and, after a
-// graceful shutdown, keeps it up until the other ranks have let go of it (bounded), since their
-// own shutdown barriers still read from it after this rank has passed its own.
-class HostingAgent final : public RpcAgent {
+// The agent init_rpc and init_rpc_with_store return. It owns what the rendezvous made (the store
+// client, and the server when this rank hosts the store) and, however it is shut down (the free
+// shutdown() or this method), stops them and stops being the process default: nothing of it is
+// left for a static destructor to close after the user's event loop has gone.
+class InitRpcAgent final : public RpcAgent {
 public:
-    HostingAgent(std::shared_ptr<RpcAgent> inner, std::shared_ptr<TcpStoreServer> server)
-        : inner_(std::move(inner)), server_(std::move(server)) {}
-    ~HostingAgent() override {
+    InitRpcAgent(std::shared_ptr<RpcAgent> inner, std::shared_ptr<Store> owned_store, std::shared_ptr<TcpStoreServer> server)
+        : inner_(std::move(inner)), owned_store_(std::move(owned_store)), server_(std::move(server)) {}
+    ~InitRpcAgent() override {
         inner_.reset();
         if (server_) server_->stop();
     }
@@ -161,28 +168,62 @@ public:
     Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message, double timeout_sec) override {
         return inner_->rpc_async(std::move(to), std::move(handler), std::move(message), timeout_sec);
     }
-    Task<Result<void>> shutdown(bool graceful, double timeout_sec) override {
-        auto r = co_await inner_->shutdown(graceful, timeout_sec);
-        if (graceful && server_) {
-            // Our own store client is the one connection allowed to remain.
-            auto ex = co_await asio::this_coro::executor;
-            const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-            while (std::chrono::steady_clock::now() < limit) {
-                if (co_await server_->num_connections() <= 1) break;
-                asio::steady_timer t(ex, std::chrono::milliseconds(10));
-                auto [ec] = co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-                if (ec) break;
-            }
-        }
-        co_return r;
-    }
+    Task<Result<void>> shutdown(bool graceful, double timeout_sec) override;
+    Task<Result<AgentDebugInfo>> get_debug_info() override { return inner_->get_debug_info(); }
 
 private:
     std::shared_ptr<RpcAgent> inner_;
-    std::shared_ptr<TcpStoreServer> server_;
+    std::shared_ptr<Store> owned_store_;        // null when the caller gave the store
+    std::shared_ptr<TcpStoreServer> server_;    // set when this rank hosts the store
 };
 
+// How long the hosting rank keeps the store up after its graceful shutdown, for the others' last
+// replies to reach them: the agent's own shutdown already waited until every rank had made its last
+// store request, so this is a courtesy, bounded, never the 10 s it once was.
+constexpr std::chrono::milliseconds kStoreLinger{1000};
+
+Task<Result<void>> InitRpcAgent::shutdown(bool graceful, double timeout_sec) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = co_await inner_->shutdown(graceful, timeout_sec);
+    if (graceful && server_) {
+        auto limit = std::chrono::steady_clock::now() + kStoreLinger;
+        if (timeout_sec > 0)  // charged to the caller's timeout too
+            limit = std::min(limit, start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::chrono::duration<double>(timeout_sec)));
+        auto ex = co_await asio::this_coro::executor;
+        // Our own store client is the one connection allowed to remain.
+        while (std::chrono::steady_clock::now() < limit) {
+            if (co_await server_->num_connections() <= 1) break;
+            asio::steady_timer t(ex, std::chrono::milliseconds(5));
+            auto [ec] = co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            if (ec) break;
+        }
+    }
+    if (auto* tcp = dynamic_cast<TcpStore*>(owned_store_.get())) tcp->close();
+    if (server_) server_->stop();
+    forget_default(this);
+    co_return r;
+}
+
 }  // namespace
+
+Task<Result<std::shared_ptr<RpcAgent>>> init_rpc_with_store(std::shared_ptr<Store> store, std::string name,
+                                                            BackendRef backend, int rank, int world_size,
+                                                            std::shared_ptr<RpcBackendOptions> options) {
+    const std::string what = "init_rpc as \"" + name + "\"";
+    if (!store) co_return fail(Errc::invalid_argument, what + ": the store is null");
+    if (!options) {
+        auto made = construct_rpc_backend_options(backend);
+        if (!made) co_return fail(std::move(made).error().context(what));
+        options = std::move(*made);
+    }
+    auto ex = co_await asio::this_coro::executor;
+    auto agent = co_await init_backend(backend, BackendInitArgs(std::move(store), name, rank, world_size, options));
+    if (!agent) co_return fail(std::move(agent).error().context(what));
+    std::shared_ptr<RpcAgent> result = std::make_shared<InitRpcAgent>(std::move(*agent), nullptr, nullptr);
+    adopt_as_default(result, ex);
+    co_return result;
+}
 
 Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef backend, int rank, int world_size,
                                                  std::shared_ptr<RpcBackendOptions> options) {
@@ -197,8 +238,7 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef ba
     auto ex = co_await asio::this_coro::executor;
     auto agent = co_await init_backend(backend, BackendInitArgs(rv->store, name, rv->rank, rv->world_size, options));
     if (!agent) co_return fail(std::move(agent).error().context(what));
-    std::shared_ptr<RpcAgent> result = std::move(*agent);
-    if (rv->server) result = std::make_shared<HostingAgent>(std::move(result), rv->server);
+    std::shared_ptr<RpcAgent> result = std::make_shared<InitRpcAgent>(std::move(*agent), rv->store, rv->server);
     adopt_as_default(result, ex);
     co_return result;
 }

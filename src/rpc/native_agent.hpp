@@ -9,12 +9,14 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "core/asio_compat.hpp"
+#include "rpc/agent_metrics.hpp"
 #include "core/resume_slot.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -126,6 +128,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     WorkerInfo self;
     int world_size = 0;
     State state = State::starting;
+    /// Set (once) by close_local: lets ~NativeAgent, on any thread, skip posting to an event loop
+    /// that may be gone when the agent was already closed.
+    std::atomic<bool> closed{false};
 
     std::vector<WorkerInfo> workers;  // by rank
     std::map<std::string, int, std::less<>> rank_of;
@@ -167,11 +172,14 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     Clock::time_point sweep_at = Clock::time_point::max();
     bool sweeping = false;
     std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
+    AgentMetrics metrics;                         // get_debug_info's counters
     int shutdown_round = 0;
 
     // ---- native_agent_init.cpp ----
     [[nodiscard]] Task<Result<void>> start();
     [[nodiscard]] Task<Result<void>> shutdown(bool graceful, double timeout_sec);
+    /// The counters' snapshot (on the strand).
+    [[nodiscard]] Task<Result<AgentDebugInfo>> debug_info();
     /// Closes everything local: pending calls end with `reason`, connections and the listener close.
     void close_local(const Error& reason);
     [[nodiscard]] HelloInfo hello() const;
@@ -250,7 +258,8 @@ public:
     [[nodiscard]] Task<Result<void>> unregister_handler(std::string name) override;
     [[nodiscard]] Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message,
                                                   double timeout_sec = -1.0) override;
-    [[nodiscard]] Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = 0) override;
+    [[nodiscard]] Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = DEFAULT_SHUTDOWN_TIMEOUT) override;
+    [[nodiscard]] Task<Result<AgentDebugInfo>> get_debug_info() override;
 
     /// The address this agent listens on ("host:port").
     [[nodiscard]] std::string listen_address() const;

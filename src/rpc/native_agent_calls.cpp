@@ -138,6 +138,9 @@ public:
             auto& peer = core.peers[rank_];
             if (peer.conn == conn_) peer.conn.reset();
             Errc code = core.state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
+            if (code == Errc::connection_lost)
+                log(LogLevel::info, "rpc", "worker \"" + core.self.name + "\" lost its connection to worker \"" +
+                                               peer.info.name + "\": " + why.message());
             core.fail_pending(peer, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
         }
@@ -331,6 +334,8 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" at " + p.host + ":" +
                                                  std::to_string(p.port) + ", found \"" + (*c)->peer().name + "\"");
     }
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" at " + p.host + ":" +
+                                    std::to_string(p.port));
     adopt_connection(*c, rank);
     co_return std::move(*c);
 }
@@ -388,8 +393,8 @@ Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std
 
 Error AgentCore::call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const {
     if (!wait_ec)
-        return Error(Errc::timeout, "rpc to worker \"" + to + "\" (handler \"" + handler + "\") timed out after " + seconds_str(secs),
-                     to);
+        // Detected here, not reported by `to`: no worker attribution (to_string would read "on worker ...").
+        return Error(Errc::timeout, "rpc to worker \"" + to + "\" (handler \"" + handler + "\") timed out after " + seconds_str(secs));
     return Error(Errc::cancelled, "rpc to worker \"" + to + "\" was cancelled while waiting for its reply");
 }
 
@@ -412,7 +417,7 @@ Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, 
         auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
         call_finished();
         if (!r && r.error().code() == Errc::timeout)
-            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs), to));
+            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs)));
         co_return r;
     }
     // Not connected yet (or the connection was lost): connect, then the usual path with the time
@@ -443,12 +448,16 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
     const std::uint64_t id = next_id++;
     CallHandle pc(*this, peer, id);
+    const auto out_bytes = message_bytes(message);
+    const auto sent_at = Clock::now();
     // A lone call is written at once; calls made while others are in flight share the writer's
     // gathered write (the replies that resume them arrive together).
     if (auto sent = send_request(peer, id, handler, message, outstanding == 0); !sent) {
         pc->result = fail(std::move(sent).error());
+        metrics.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);
     }
+    metrics.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
     pc->conn = peer.conn.get();
     pc.link();
     add_deadline(*pc, deadline);
@@ -459,8 +468,14 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
         ec = pc->done.error();
     }
     call_finished();
-    if (pc->result) co_return std::move(*pc->result);
-    co_return fail(call_error(to, handler, secs, ec));
+    if (pc->result) {
+        metrics.call_ended(rank, sent_at, *pc->result);
+        co_return std::move(*pc->result);
+    }
+    // (pc->result stays unset: the handle then unlinks the call, whose late reply is dropped.)
+    auto err = call_error(to, handler, secs, ec);
+    metrics.call_failed(rank, err.code());
+    co_return fail(std::move(err));
 }
 
 // ---- NativeAgent facade ----
@@ -509,6 +524,40 @@ Task<Result<Message>> NativeAgent::rpc_async(std::string to, std::string handler
 
 Task<Result<void>> NativeAgent::shutdown(bool graceful, double timeout_sec) {
     return on_core(core_, core_->shutdown(graceful, timeout_sec));
+}
+
+Task<Result<AgentDebugInfo>> NativeAgent::get_debug_info() { return on_core(core_, core_->debug_info()); }
+
+Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
+    auto keep = shared_from_this();
+    AgentDebugInfo d;
+    d.worker = self.name;
+    d.rank = self.id;
+    d.world_size = world_size;
+    for (std::size_t r = 0; r < peers.size() && r < metrics.peers.size(); ++r) {
+        if (static_cast<int>(r) == self.id) continue;
+        const auto& c = metrics.peers[r];
+        PeerDebugInfo p;
+        p.worker = peers[r].info.name;
+        p.rank = static_cast<int>(r);
+        p.connected = peers[r].conn && peers[r].conn->is_open();
+        p.calls_in_flight = peers[r].pending.size();
+        p.calls_done = c.calls_done;
+        p.calls_failed = c.calls_failed;
+        p.requests_served = c.requests_served;
+        p.bytes_sent = c.bytes_sent;
+        p.bytes_received = c.bytes_received;
+        d.peers.push_back(std::move(p));
+    }
+    for (std::size_t i = 0; i < metrics.errors.size(); ++i)
+        if (metrics.errors[i]) d.errors[std::string(to_string(static_cast<Errc>(i)))] = metrics.errors[i];
+    d.requests_running = metrics.requests_running;
+    d.latency_samples = metrics.latency.count();
+    d.latency_p50_us = metrics.latency.percentile_us(50);
+    d.latency_p90_us = metrics.latency.percentile_us(90);
+    d.latency_p99_us = metrics.latency.percentile_us(99);
+    d.latency_max_us = metrics.latency.max_us();
+    co_return d;
 }
 
 std::string NativeAgent::listen_address() const { return core_->host + ":" + std::to_string(core_->port); }

@@ -297,6 +297,8 @@ Task<Result<void>> AgentCore::start() {
         if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
     if (auto l = listen(); !l) co_return l;
     asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
+    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + " of " +
+                                   std::to_string(world_size) + ") listening on " + host + ":" + std::to_string(port));
 
     const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
     PeerRecord mine{self.name, self.id, host, port};
@@ -307,6 +309,7 @@ Task<Result<void>> AgentCore::start() {
     for (int r = 0; r < world_size; ++r) keys.push_back(info + std::to_string(r));
     if (auto w = co_await store->wait(keys, wait_limit); !w)
         co_return fail(std::move(w).error().context("waiting for every worker's address"));
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": every worker's address is published");
     auto blobs = co_await store->multi_get(keys);
     if (!blobs) co_return fail(std::move(blobs).error().context("reading every worker's address"));
 
@@ -317,6 +320,7 @@ Task<Result<void>> AgentCore::start() {
         records.push_back(std::move(*rec));
     }
     peers.resize(world_size);
+    metrics.peers.resize(static_cast<std::size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
         auto& rec = records[r];
         if (rec.rank != r)
@@ -340,6 +344,7 @@ Task<Result<void>> AgentCore::start() {
     auto exchanged = co_await exchange_and_check_all_device_maps(*store, self.name, self.id, world_size,
                                                                  local_cuda_device_count(), my_maps, std::move(my_devices));
     if (!exchanged) co_return fail(exchanged.error());
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": device maps of every worker checked");
     for (auto& p : peers) {
         if (auto it = my_maps.find(p.info.name); it != my_maps.end()) p.map = it->second;
         if (auto it = exchanged->reverse_device_maps.find(p.info.name); it != exchanged->reverse_device_maps.end())
@@ -352,8 +357,10 @@ Task<Result<void>> AgentCore::start() {
         auto c = co_await ensure_connected(r, tuning.limits.handshake_timeout);
         if (!c) co_return fail(c.error());
     }
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": connected to every worker; waiting until all are");
     if (auto b = co_await barrier("ready", wait_limit, false); !b)
         co_return fail(std::move(b).error().context("waiting until every worker is connected"));
+    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" is ready (" + std::to_string(world_size) + " workers)");
     co_return ok();
 }
 
@@ -361,6 +368,7 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
     auto keep = shared_from_this();
     if (state == State::closed || state == State::draining) co_return ok();
     Result<void> result = ok();
+    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" shutting down (" + (graceful ? "graceful" : "local") + ")");
     if (graceful && state == State::running) {
         state = State::draining;
         const auto deadline = timeout_sec > 0
@@ -372,12 +380,17 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             auto [ec] = co_await t->async_wait(use_nothrow);
             idle.reset();
             if (!ec && outstanding > 0) {
+                std::string to;
+                for (auto& p : peers)
+                    if (!p.pending.empty()) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
                 result = fail(Errc::timeout, std::to_string(outstanding) + " call(s) of worker \"" + self.name +
-                                                 "\" were still outstanding when the shutdown timeout passed");
+                                                 "\" were still outstanding when the shutdown timeout passed" +
+                                                 (to.empty() ? std::string() : " (awaiting replies from " + to + ")"));
                 break;
             }
         }
         if (result) {
+            log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": its calls have finished; waiting for every worker to stop calling");
             Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
             if (left < Duration::zero() && deadline != Clock::time_point::max()) left = Duration(1);
             const std::string round = "shutdown/" + std::to_string(++shutdown_round);
@@ -402,12 +415,15 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
         }
     }
     close_local(Error(Errc::shutdown, "the agent of worker \"" + self.name + "\" was shut down", self.name));
+    log(result ? LogLevel::info : LogLevel::warn, "rpc",
+        "worker \"" + self.name + "\" is shut down" + (result ? std::string() : ": " + result.error().to_string()));
     co_return result;
 }
 
 void AgentCore::close_local(const Error& reason) {
     if (state == State::closed) return;
     state = State::closed;
+    closed.store(true, std::memory_order_release);
     std::error_code ec;
     acceptor.close(ec);
     for (auto& p : peers) {
@@ -426,7 +442,7 @@ void AgentCore::close_local(const Error& reason) {
 
 NativeAgent::~NativeAgent() {
     auto core = core_;
-    if (!core) return;
+    if (!core || core->closed.load(std::memory_order_acquire)) return;
     asio::dispatch(core->ex, [core] {
         core->close_local(Error(Errc::shutdown, "the agent of worker \"" + core->self.name + "\" was destroyed", core->self.name));
     });

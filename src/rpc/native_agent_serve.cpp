@@ -44,6 +44,12 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
     if (r && !r->tensors.empty()) {
         if (auto routed = route_reply_tensors(core, conn.peer(), r->tensors, targets); !routed) r = fail(std::move(routed).error());
     }
+    if (core.metrics.requests_running > 0) --core.metrics.requests_running;
+    if (const auto rank = conn.peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < core.metrics.peers.size()) {
+        auto& c = core.metrics.peers[static_cast<std::size_t>(rank)];
+        ++c.requests_served;
+        if (r) c.bytes_sent += message_bytes(*r);
+    }
     // Flush now unless more requests are already buffered: their replies then share one write.
     const bool flush = !conn.input_pending();
     Result<void> sent;
@@ -101,6 +107,9 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
 
 void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name,
                               Message&& message, Error* error) {
+    ++metrics.requests_running;
+    if (const auto rank = conn->peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < metrics.peers.size())
+        metrics.peers[static_cast<std::size_t>(rank)].bytes_received += message_bytes(message);
     auto fill = [&](ServeRequest& req) {
         req.id = id;
         if (error) {

@@ -1,7 +1,7 @@
 // The process-wide startup handlers (see api.hpp: register_startup_handler).
 #include "rpc/startup_handlers.hpp"
 
-#include <tensorplay/rpc/api.hpp>
+#include <tensorplay/rpc/startup.hpp>
 
 #include <algorithm>
 #include <mutex>
@@ -39,6 +39,16 @@ Result<void> register_startup_handler(std::string name, RpcHandler handler) {
 
 Result<void> register_startup_blocking_handler(std::string name, BlockingRpcHandler handler) {
     return add(detail::StartupHandler{std::move(name), {}, std::move(handler)});
+}
+
+Result<void> unregister_startup_handler(std::string_view name) {
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    auto it = std::find_if(r.handlers.begin(), r.handlers.end(), [&](const detail::StartupHandler& x) { return x.name == name; });
+    if (it == r.handlers.end())
+        return fail(Errc::not_found, "no startup handler named \"" + std::string(name) + "\" is registered");
+    r.handlers.erase(it);
+    return ok();
 }
 
 namespace detail {

@@ -3,6 +3,8 @@
 
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
+#include <tensorplay/rpc/constants.hpp>
+#include <tensorplay/rpc/debug_info.hpp>
 #include <tensorplay/rpc/message.hpp>
 #include <tensorplay/rpc/worker_info.hpp>
 
@@ -49,8 +51,13 @@ public:
     [[nodiscard]] virtual Task<Result<Message>> rpc_async(std::string to, std::string handler, Message message,
                                                           double timeout_sec = -1.0) = 0;
     /// Graceful: waits until no worker may still call this one, and outstanding calls finish;
-    /// otherwise local. `timeout_sec` 0 means no limit. Later calls return Errc::shutdown.
-    [[nodiscard]] virtual Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = 0) = 0;
+    /// otherwise local. Every wait is charged to `timeout_sec` (0 means no limit); when it passes,
+    /// Errc::timeout names the workers that did not arrive, and the agent closes all the same.
+    /// Later calls return Errc::shutdown. Any way an agent is shut down releases what init made.
+    [[nodiscard]] virtual Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = DEFAULT_SHUTDOWN_TIMEOUT) = 0;
+    /// A snapshot of the agent's counters (calls per peer, errors by code, bytes, latency). The
+    /// default answers Errc::not_supported, for backends that keep none.
+    [[nodiscard]] virtual Task<Result<AgentDebugInfo>> get_debug_info();
 };
 
 }  // namespace tensorplay

@@ -8,6 +8,7 @@
 #include <tensorplay/rpc/backend_registry.hpp>
 #include <tensorplay/rpc/constants.hpp>
 #include <tensorplay/rpc/options.hpp>
+#include <tensorplay/rpc/startup.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <memory>
@@ -40,14 +41,6 @@ namespace tensorplay {
                                                                   BackendRef backend = BackendType::tensorpipe(),
                                                                   int rank = -1, int world_size = -1,
                                                                   std::shared_ptr<RpcBackendOptions> options = nullptr);
-
-/// Registers a handler that every agent this process starts from now on installs before it
-/// reports ready, so that no peer's first call can arrive before the handler exists (a handler
-/// registered on the agent after init_rpc may miss a fast peer's first call: not_found).
-/// Errc::already_registered if the name is taken. Thread-safe.
-[[nodiscard]] Result<void> register_startup_handler(std::string name, RpcHandler handler);
-/// The blocking-handler variant of register_startup_handler (runs on the agent's worker pool).
-[[nodiscard]] Result<void> register_startup_blocking_handler(std::string name, BlockingRpcHandler handler);
 
 /// The process default agent; null when there is none. Thread-safe.
 [[nodiscard]] std::shared_ptr<RpcAgent> default_agent();

@@ -12,8 +12,9 @@ inline constexpr double DEFAULT_RPC_TIMEOUT_SEC = 60.0;
 inline constexpr std::string_view DEFAULT_INIT_METHOD = "env://";
 /// Default size of the pool that runs blocking handlers.
 inline constexpr int DEFAULT_NUM_WORKER_THREADS = 16;
-/// Default timeout of a graceful shutdown, in seconds; 0 waits forever.
-inline constexpr double DEFAULT_SHUTDOWN_TIMEOUT = 0.0;
+/// Default timeout of a graceful shutdown, in seconds: a worker that never arrives (stopped, hung)
+/// holds the others this long at most, and is named in their Errc::timeout. Pass 0 to wait forever.
+inline constexpr double DEFAULT_SHUTDOWN_TIMEOUT = 60.0;
 /// Timeout of the group's collectives during init (2^31-1 ms, about 24.8 days).
 inline constexpr std::chrono::milliseconds DEFAULT_PROCESS_GROUP_TIMEOUT{2147483647};
 /// "Use the agent's default timeout" sentinel for rpc_async and friends.

@@ -1,4 +1,5 @@
-// Typed RPC: define<R(Args...)>(agent, name, fn) and call<R>(agent, to, name, args...) over any
+// Typed RPC: define<R(Args...)>(agent, name, fn) (or define_startup before init) and
+// call<R>(agent, to, name, args...) over any
 // RpcAgent, with a Codec<T> customization point (arithmetic, strings, vectors, maps, pairs, tensors).
 #pragma once
 
@@ -7,6 +8,7 @@
 #include <tensorplay/core/wire.hpp>
 #include <tensorplay/device/tensor.hpp>
 #include <tensorplay/rpc/agent.hpp>
+#include <tensorplay/rpc/startup.hpp>
 
 #include <bit>
 #include <concepts>
@@ -421,21 +423,35 @@ struct signature<R(Args...)> {
     using args = std::tuple<std::remove_cvref_t<Args>...>;
 };
 
-template <class R, class... Args, class F>
-Result<void> define_impl(RpcAgent& agent, std::string name, F fn, bool inline_sync, std::tuple<Args...>*) {
+/// Where define_impl registers: an agent, or the process's startup handlers.
+struct AgentRegistrar {
+    RpcAgent& agent;
+    Result<void> coro(std::string name, RpcHandler h) const { return agent.register_handler(std::move(name), std::move(h)); }
+    Result<void> blocking(std::string name, BlockingRpcHandler h) const {
+        return agent.register_blocking_handler(std::move(name), std::move(h));
+    }
+};
+struct StartupRegistrar {
+    Result<void> coro(std::string name, RpcHandler h) const { return register_startup_handler(std::move(name), std::move(h)); }
+    Result<void> blocking(std::string name, BlockingRpcHandler h) const {
+        return register_startup_blocking_handler(std::move(name), std::move(h));
+    }
+};
+
+template <class R, class... Args, class F, class Registrar>
+Result<void> define_impl(const Registrar& reg, std::string name, F fn, bool inline_sync, std::tuple<Args...>*) {
     auto shared = std::make_shared<F>(std::move(fn));
     if constexpr (task_traits<user_result_t<F, Args...>>::is_task) {
-        return agent.register_handler(name, [shared, name](WorkerInfo caller, Message request) {
+        return reg.coro(name, [shared, name](WorkerInfo caller, Message request) {
             return run_coroutine<R, F, Args...>(shared, name, std::move(caller), std::move(request));
         });
     } else {
         if (inline_sync) {
-            return agent.register_handler(
-                name, [shared, name](WorkerInfo caller, Message request) -> Task<Result<Message>> {
-                    co_return run_sync<R, F, Args...>(*shared, name, caller, request);
-                });
+            return reg.coro(name, [shared, name](WorkerInfo caller, Message request) -> Task<Result<Message>> {
+                co_return run_sync<R, F, Args...>(*shared, name, caller, request);
+            });
         }
-        return agent.register_blocking_handler(name, [shared, name](const WorkerInfo& caller, Message request) {
+        return reg.blocking(name, [shared, name](const WorkerInfo& caller, Message request) {
             return run_sync<R, F, Args...>(*shared, name, caller, request);
         });
     }
@@ -459,7 +475,7 @@ Task<Result<R>> typed_call(RpcAgent& agent, std::string to, std::string name, Me
 template <class Sig, class F>
 [[nodiscard]] Result<void> define(RpcAgent& agent, std::string name, F fn) {
     using S = detail::signature<Sig>;
-    return detail::define_impl<typename S::result>(agent, std::move(name), std::move(fn), false,
+    return detail::define_impl<typename S::result>(detail::AgentRegistrar{agent}, std::move(name), std::move(fn), false,
                                                    static_cast<typename S::args*>(nullptr));
 }
 
@@ -468,7 +484,25 @@ template <class Sig, class F>
 template <class Sig, class F>
 [[nodiscard]] Result<void> define_inline(RpcAgent& agent, std::string name, F fn) {
     using S = detail::signature<Sig>;
-    return detail::define_impl<typename S::result>(agent, std::move(name), std::move(fn), true,
+    return detail::define_impl<typename S::result>(detail::AgentRegistrar{agent}, std::move(name), std::move(fn), true,
+                                                   static_cast<typename S::args*>(nullptr));
+}
+
+/// define for every agent this process starts from now on: a typed startup handler (see
+/// register_startup_handler), installed before the agent reports ready, so that no peer's first
+/// call can find it missing. Register before init_rpc. Errors: already_registered. Thread-safe.
+template <class Sig, class F>
+[[nodiscard]] Result<void> define_startup(std::string name, F fn) {
+    using S = detail::signature<Sig>;
+    return detail::define_impl<typename S::result>(detail::StartupRegistrar{}, std::move(name), std::move(fn), false,
+                                                   static_cast<typename S::args*>(nullptr));
+}
+
+/// define_startup with define_inline's rule: a plain `fn` runs on the I/O executor.
+template <class Sig, class F>
+[[nodiscard]] Result<void> define_startup_inline(std::string name, F fn) {
+    using S = detail::signature<Sig>;
+    return detail::define_impl<typename S::result>(detail::StartupRegistrar{}, std::move(name), std::move(fn), true,
                                                    static_cast<typename S::args*>(nullptr));
 }
 
