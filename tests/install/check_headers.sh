@@ -44,8 +44,10 @@ for h in $headers; do
 done
 
 # --- each header alone (two at a time: the CI machine has two cores) ---
+# Errors only: warnings are the library build's business (warning_level=3, -Werror in CI), and in a
+# build from the wrap fallbacks Asio's headers sit in this include directory, not a system one.
 compile_one() {
-    printf '#include <%s>\n' "$1" | ${CXX:-c++} $cflags -Wall -Wextra -Wpedantic -Werror -fsyntax-only -x c++ - \
+    printf '#include <%s>\n' "$1" | ${CXX:-c++} $cflags -fsyntax-only -x c++ - \
         >"$tmp/$(echo "$1" | tr / _).log" 2>&1 || { echo "FAIL: <$1> does not compile alone:"; head -n 20 "$tmp/$(echo "$1" | tr / _).log"; return 1; }
 }
 export -f compile_one
