@@ -1,6 +1,8 @@
 // The one header a user of tensorplay-rpc includes: every public facility of every layer.
 #pragma once
 
+#include <tensorplay/config.hpp>
+
 #include <tensorplay/core/bytes.hpp>
 #include <tensorplay/core/error.hpp>
 #include <tensorplay/core/log.hpp>
@@ -16,10 +18,14 @@
 #include <tensorplay/device/tensor.hpp>
 
 #include <tensorplay/store/collectives.hpp>
+#include <tensorplay/store/file_store.hpp>
 #include <tensorplay/store/hash_store.hpp>
 #include <tensorplay/store/prefix_store.hpp>
+#include <tensorplay/store/rendezvous.hpp>
 #include <tensorplay/store/store.hpp>
 #include <tensorplay/store/tcp_store.hpp>
+
+#include <tensorplay/transport/connection.hpp>
 
 #include <tensorplay/rpc/agent.hpp>
 #include <tensorplay/rpc/api.hpp>

@@ -3,6 +3,7 @@
 
 #include <tensorplay/store/store.hpp>
 
+#include <cstddef>
 #include <memory>
 
 namespace tensorplay {
