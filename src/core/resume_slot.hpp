@@ -242,7 +242,10 @@ private:
 #endif
 
     /// Lives in the waiter's cancellation slot; the waiter's coroutine clears it when it resumes.
+    /// (A constructor, not an aggregate: the slot's emplace constructs it with parentheses, which
+    /// clang 14 does not accept for aggregates.)
     struct Canceller {
+        explicit Canceller(ResumeSlot* o) noexcept : owner(o) {}
         ResumeSlot* owner;
         void operator()(asio::cancellation_type type) const {
             if (type == asio::cancellation_type::none) return;

@@ -43,7 +43,9 @@ Result<DType> dtype_from_code(std::uint8_t code) {
 
 Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape) {
     std::size_t n = element_size(dtype);
-    constexpr auto max = std::numeric_limits<std::size_t>::max();
+    // Every partial product stays within int64 (numel's type), whatever dimension follows: a
+    // shape such as [2^32, 2^31, 0] is refused, not taken as empty.
+    constexpr auto max = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
     for (std::size_t i = 0; i < shape.size(); ++i) {
         const auto d = shape[i];
         if (d < 0)
@@ -86,9 +88,11 @@ Device Tensor::device() const noexcept { return storage_ ? storage_->device() : 
 
 std::int64_t Tensor::numel() const noexcept {
     if (!storage_) return 0;
-    std::int64_t n = 1;
-    for (auto d : shape_) n *= d;
-    return n;
+    // Unsigned: defined for any shape. A tensor's shape passed checked_nbytes, so the product
+    // fits int64 and this is exact.
+    std::uint64_t n = 1;
+    for (auto d : shape_) n *= static_cast<std::uint64_t>(d);
+    return static_cast<std::int64_t>(n);
 }
 
 std::uint8_t* Tensor::data() const noexcept { return storage_ ? storage_->data() : nullptr; }

@@ -31,7 +31,14 @@ namespace tensorplay::detail {
 
 /// Extra knobs of the native agent that TensorPipeRpcBackendOptions does not carry (tests use them).
 struct NativeAgentTuning {
+    /// Bounds of every connection; a null limits.budget gets one of receive_budget_bytes.
     ConnectionLimits limits;
+    /// Bytes all of the agent's connections together may hold for frames still arriving
+    /// (ReceiveBudget): 16 GiB.
+    std::size_t receive_budget_bytes = std::size_t(16) << 30;
+    /// Inbound sockets held at once (handshaking or serving); beyond it, new ones are closed at
+    /// once. 4096: well above one connection from each worker of a large group.
+    std::size_t max_inbound_connections = 4096;
     /// Bound on every store wait during init and graceful shutdown (0: the store's timeout).
     Duration init_timeout{0};
 };
@@ -141,6 +148,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::string host;
     std::uint16_t port = 0;
     std::vector<std::weak_ptr<Connection>> inbound;
+    std::size_t inbound_open = 0;  ///< inbound sockets accepted and not yet closed (tuning.max_inbound_connections)
+    bool inbound_full_logged = false;
 
     std::mutex handlers_mutex;
     std::map<std::string, std::shared_ptr<HandlerEntry>, std::less<>> handlers;  // (found by string_view)

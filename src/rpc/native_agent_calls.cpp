@@ -132,8 +132,12 @@ public:
             reply(f.kind, f.id, f.payload, [&] { return Message{std::move(f.payload), std::move(f.tensors)}; }, alloc_error);
     }
 
+    /// A connection to a worker waits for replies while calls on it are pending.
+    [[nodiscard]] bool awaiting_input() const override { return rank_ >= 0 && !core_->peers[rank_].pending.empty(); }
+
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
+        if (rank_ < 0) --core.inbound_open;
         if (rank_ >= 0) {
             auto& peer = core.peers[rank_];
             if (peer.conn == conn_) peer.conn.reset();
@@ -178,16 +182,13 @@ private:
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
-    // Short reads: every request is answered, and a connection to a worker that has gone quiet
-    // is written to again before it is waited on, so a FIN that arrives with the last bytes is
-    // found as a reset is (docs/protocol.md, "Receiving").
+    // Short reads: a FIN or reset that comes with the last bytes is still seen at once where it
+    // matters (an unfinished frame; replies awaited with nothing sent since: awaiting_input), and
+    // elsewhere by the send that follows (every request is answered; docs/protocol.md, "Receiving").
+    conn->set_short_reads(true);
     if (rank >= 0) {
-        // Replies: with other calls still waiting, every read is followed by a check for more, so
-        // that a peer's reset arriving with a reply fails them at once (only its read finds it).
-        conn->set_idle_reads([this] { return outstanding <= 1; }, true);
         peers[rank].conn = conn;
     } else {
-        conn->set_idle_reads({}, true);
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
         inbound.push_back(conn);
     }

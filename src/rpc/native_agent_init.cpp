@@ -121,11 +121,13 @@ int local_cuda_device_count() {
 Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket socket) {
     auto c = co_await Connection::accept(std::move(socket), core->hello(), core->tuning.limits);
     if (!c) {
+        --core->inbound_open;
         if (core->state != AgentCore::State::closed)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" rejected a connection: " + c.error().to_string());
         co_return;
     }
     if (core->state == AgentCore::State::closed) {
+        --core->inbound_open;
         (*c)->close();
         co_return;
     }
@@ -142,6 +144,17 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
             co_await pause.async_wait(use_nothrow);
             continue;
         }
+        if (core->inbound_open >= core->tuning.max_inbound_connections) {
+            if (!core->inbound_full_logged)
+                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" holds " + std::to_string(core->inbound_open) +
+                                               " inbound connections (NativeAgentTuning::max_inbound_connections): closing new ones");
+            core->inbound_full_logged = true;
+            std::error_code ignored;
+            socket.close(ignored);
+            continue;
+        }
+        core->inbound_full_logged = false;
+        ++core->inbound_open;
         asio::co_spawn(core->ex, accept_inbound(core, std::move(socket)), log_task_error);
     }
 }
@@ -158,6 +171,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       acceptor(ex),
       sweep_timer(ex) {
     slots = &SlotRegistry::of(ex);
+    if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
     tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
 }

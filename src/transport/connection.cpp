@@ -22,6 +22,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 
 namespace tensorplay {
 namespace detail {
@@ -181,6 +182,56 @@ void start_writer(const std::shared_ptr<ConnectionState>& s) {
     });
 }
 
+std::string seconds_of(Duration d) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g s", std::chrono::duration<double>(d).count());
+    return buf;
+}
+
+/// Closes a connection whose frame has not arrived whole within limits.frame_timeout, or that
+/// received nothing for limits.idle_timeout. One tick per period (the shorter timeout) instead
+/// of a timer per frame, which would cost a timerfd_settime system call on every frame: a
+/// condition that held at two ticks in a row has lasted at least one period.
+Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
+    const Duration frame_t = s->limits.frame_timeout, idle_t = s->limits.idle_timeout;
+    const Duration period = frame_t > Duration::zero() && (idle_t <= Duration::zero() || frame_t < idle_t) ? frame_t : idle_t;
+    std::uint64_t frames = s->stats.frames_received, reads = s->stats.reads;
+    bool was_partial = false;
+    Duration partial_for{0}, idle_for{0};
+    while (s->open) {
+        s->watchdog.expires_after(period);
+        auto [ec] = co_await s->watchdog.async_wait(use_nothrow);
+        if (!s->open) break;
+        if (ec) continue;
+        const bool partial = s->in_frame || (s->reading && s->rend > s->rbeg);
+        partial_for = partial && was_partial && s->stats.frames_received == frames ? partial_for + period : Duration::zero();
+        idle_for = !partial && s->stats.reads == reads ? idle_for + period : Duration::zero();
+        was_partial = partial;
+        frames = s->stats.frames_received;
+        reads = s->stats.reads;
+        if (frame_t > Duration::zero() && partial_for >= frame_t) {
+            s->close(Error(Errc::timeout,
+                           "closed the connection to " + s->who() + ": a frame from it did not arrive whole within " +
+                               seconds_of(frame_t) + " (ConnectionLimits::frame_timeout)"));
+        } else if (idle_t > Duration::zero() && idle_for >= idle_t) {
+            s->close(Error(Errc::timeout,
+                           "closed the connection to " + s->who() + ": nothing received for " + seconds_of(idle_t) +
+                               " (ConnectionLimits::idle_timeout)"));
+        }
+    }
+}
+
+/// What a connection needs once its handshake is done: the full read buffer, the writer, and
+/// the watchdog when a timeout is set.
+void start_connection(const std::shared_ptr<ConnectionState>& s) {
+    s->rbuf.grow(kReadBufferSize, s->rbeg, s->rend);
+    start_writer(s);
+    if (s->limits.frame_timeout > Duration::zero() || s->limits.idle_timeout > Duration::zero())
+        asio::co_spawn(s->socket.get_executor(), watchdog_loop(s), [](std::exception_ptr e) {
+            if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection watchdog").to_string());
+        });
+}
+
 }  // namespace
 
 namespace {
@@ -239,6 +290,16 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
 }  // namespace
 }  // namespace detail
 
+bool ReceiveBudget::try_take(std::size_t n) noexcept {
+    std::size_t used = used_.load(std::memory_order_relaxed);
+    do {
+        if (n > limit_ || used > limit_ - n) return false;
+    } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+    return true;
+}
+
+void ReceiveBudget::give_back(std::size_t n) noexcept { used_.fetch_sub(n, std::memory_order_relaxed); }
+
 Connection::Connection(std::shared_ptr<detail::ConnectionState> state) : state_(std::move(state)) {}
 
 Connection::~Connection() {
@@ -257,7 +318,7 @@ Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, 
     }
     s->peer = std::move(*peer);
     s->allocator = detail::default_allocate;
-    detail::start_writer(s);
+    detail::start_connection(s);
     co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
 }
 
@@ -276,7 +337,7 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
     }
     s->peer = std::move(*peer);
     s->allocator = detail::default_allocate;
-    detail::start_writer(s);
+    detail::start_connection(s);
     co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
 }
 
@@ -296,6 +357,7 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
                               std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
     auto& s = *state_;
     if (!s.open) return fail(s.closed_error());
+    ++s.sends;
     const detail::FrameParts parts{kind, id, name, payload, tensors, targets};
     bool inl = false;
     // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
@@ -321,10 +383,7 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
     return ok();
 }
 
-void Connection::set_idle_reads(std::function<bool()> may_idle, bool short_reads) {
-    state_->edge.may_idle = std::move(may_idle);
-    state_->edge.short_reads = short_reads;
-}
+void Connection::set_short_reads(bool short_reads) { state_->edge.short_reads = short_reads; }
 
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 

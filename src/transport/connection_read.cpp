@@ -18,16 +18,24 @@ Task<Result<void>> ConnectionState::fill(std::size_t n) {
     if (rend - rbeg >= n) co_return ok();
     if (rbeg == rend) rbeg = rend = 0;
     if (rbuf.size() - rbeg < n) {
-        std::memmove(rbuf.data(), rbuf.data() + rbeg, rend - rbeg);
-        rend -= rbeg;
-        rbeg = 0;
-        if (rbuf.size() < n) rbuf.resize(n);
+        if (rbuf.size() < n) {
+            rbuf.grow(n, rbeg, rend);
+        } else {
+            std::memmove(rbuf.data(), rbuf.data() + rbeg, rend - rbeg);
+            rend -= rbeg;
+            rbeg = 0;
+        }
     }
     while (rend - rbeg < n) {
         if (!open) co_return fail(closed_error());
-        // (a read that empties the socket tells the reactor so: no EAGAIN read next time)
-        auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, use_nothrow);
+        // (a read that empties the socket tells the reactor so: no EAGAIN read next time; a unit
+        // is unfinished here, so the next read looks again at once: recheck)
+        reading = true;
+        auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, true,
+                                                use_nothrow);
+        reading = false;
         ++stats.reads;
+        sends_at_read = sends;
         if (ec) {
             if (!open) co_return fail(closed_error());
             if (ec == asio::error::eof && rend - rbeg > 0)
@@ -53,8 +61,11 @@ Task<Result<void>> ConnectionState::read_into(std::uint8_t* dst, std::size_t n) 
         // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
         // between chunks.
         while (n > 0) {
-            auto [ec, k] = co_await async_edge_read(socket, asio::buffer(dst, n), edge, use_nothrow);
+            reading = true;
+            auto [ec, k] = co_await async_edge_read(socket, asio::buffer(dst, n), edge, true, use_nothrow);
+            reading = false;
             ++stats.reads;
+            sends_at_read = sends;
             if (ec) {
                 if (!open) co_return fail(closed_error());
                 co_return fail(broken(Error(Errc::connection_lost,
@@ -160,16 +171,46 @@ Task<Result<Frame>> ConnectionState::read_frame(std::shared_ptr<ConnectionState>
         if (p == Parse::frame) co_return std::move(f);
         if (p == Parse::bad) co_return fail(std::move(*err));
         if (p == Parse::general) break;
-        auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge, use_nothrow);
+        // A receive() waits for the peer: look again after a drained read unless we sent since.
+        reading = true;
+        auto [ec, k] = co_await async_edge_read(socket, asio::buffer(rbuf.data() + rend, rbuf.size() - rend), edge,
+                                                recheck(true), use_nothrow);
+        reading = false;
         ++stats.reads;
+        sends_at_read = sends;
         if (ec) co_return fail(read_error(ec));
         rend += k;
     }
     co_return co_await read_general();
 }
 
+namespace {
+/// Marks the general path busy with a frame and gives back the receive budget that frame took,
+/// whichever way read_general ends.
+struct GeneralFrame {
+    ConnectionState& s;
+    std::size_t held = 0;
+    explicit GeneralFrame(ConnectionState& st) : s(st) { s.in_frame = true; }
+    GeneralFrame(const GeneralFrame&) = delete;
+    GeneralFrame& operator=(const GeneralFrame&) = delete;
+    ~GeneralFrame() {
+        s.in_frame = false;
+        if (held && s.limits.budget) s.limits.budget->give_back(held);
+    }
+};
+
+Error budget_error(const ConnectionState& s, std::size_t n, const char* what) {
+    const auto& b = *s.limits.budget;
+    return Error(Errc::io_error,
+                 std::string("cannot receive ") + what + " of " + std::to_string(n) + " bytes from " + s.who() +
+                     ": the connections' receive budget (" + std::to_string(b.limit()) + " bytes, " +
+                     std::to_string(b.used()) + " in use by frames still arriving) is spent; retry later");
+}
+}  // namespace
+
 /// Reads a frame with tensors, or one larger than the buffer.
 Task<Result<Frame>> ConnectionState::read_general() {
+    GeneralFrame guard(*this);
     if (rend - rbeg < kFrameHeaderSize)
         if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
     auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
@@ -180,23 +221,42 @@ Task<Result<Frame>> ConnectionState::read_general() {
     auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits);
     if (!meta) co_return fail(broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name)));
     rbeg += h->meta_len;
+    {
+        std::uint64_t total = h->payload_len;  // (each is bounded by its own limit: no overflow)
+        for (const auto& d : meta->tensors) total += d.nbytes;
+        if (total > limits.max_frame_bytes)
+            co_return fail(broken(Error(Errc::protocol_error,
+                                        "frame from " + who() + " announces " + std::to_string(total) +
+                                            " bytes of payload and tensors, over the limit of " +
+                                            std::to_string(limits.max_frame_bytes) + " per frame",
+                                        peer.name)));
+    }
 
     Frame f;
     f.kind = h->kind;
     f.id = h->id;
     f.name = std::move(meta->name);
-    f.payload.resize(h->payload_len);
-    if (f.payload.size() <= rend - rbeg) {
-        if (!f.payload.empty()) std::memcpy(f.payload.data(), rbuf.data() + rbeg, f.payload.size());
-        rbeg += f.payload.size();
-    } else if (auto r = co_await read_into(f.payload.data(), f.payload.size()); !r) {
-        co_return fail(r.error());
-    }
+    if (auto r = co_await read_payload(f, h->payload_len, guard.held); !r) co_return fail(r.error());
     f.tensors.reserve(meta->tensors.size());
     for (auto& desc : meta->tensors) {
-        Result<Tensor> t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
+        // Once one part of the frame is refused, the rest is read and dropped: the frame is
+        // answered with that error.
+        if (f.alloc_error) {
+            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
+            continue;
+        }
+        Result<Tensor> t;
+        bool taken = false;
+        if (limits.budget && desc.nbytes > 0 && !(taken = limits.budget->try_take(desc.nbytes)))
+            t = fail(budget_error(*this, desc.nbytes, "a tensor"));
+        else
+            t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
         if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
             t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
+        if (taken) {
+            if (t) guard.held += desc.nbytes;
+            else limits.budget->give_back(desc.nbytes);
+        }
         if (!t) {
             if (!f.alloc_error) f.alloc_error = std::move(t).error();
             if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
@@ -209,6 +269,33 @@ Task<Result<Frame>> ConnectionState::read_general() {
     co_return f;
 }
 
+Task<Result<void>> ConnectionState::read_payload(Frame& f, std::size_t len, std::size_t& held) {
+    // What is buffered already, or a small payload, at once; a large one grows with what arrives
+    // (doubling from kPayloadStep), so a claimed length alone costs nothing. Each step is zeroed
+    // by resize() just before a read overwrites it: bounded by what arrived, never the claim.
+    std::size_t got = 0;
+    while (got < len) {
+        const std::size_t want = std::min(len, std::max({got * 2, got + kPayloadStep, got + (rend - rbeg)}));
+        const std::size_t more = want - got;
+        if (limits.budget && !limits.budget->try_take(more)) {
+            f.alloc_error = budget_error(*this, len, "a payload");
+            Bytes().swap(f.payload);
+            co_return co_await skip(len - got);
+        }
+        held += more;
+        f.payload.resize(want);
+        const std::size_t have = std::min(more, rend - rbeg);
+        if (have) std::memcpy(f.payload.data() + got, rbuf.data() + rbeg, have);
+        rbeg += have;
+        got += have;
+        if (got < want) {
+            if (auto r = co_await read_into(f.payload.data() + got, want - got); !r) co_return r;
+            got = want;
+        }
+    }
+    co_return ok();
+}
+
 Result<HelloInfo> ConnectionState::parse_hello_body(std::size_t len) {
     auto h = decode_hello_body({rbuf.data() + rbeg, len}, limits);
     rbeg += len;
@@ -216,7 +303,9 @@ Result<HelloInfo> ConnectionState::parse_hello_body(std::size_t len) {
 }
 
 void DispatchReader::operator()(DispatchOp& op, std::error_code ec, std::size_t n) {
+    s->reading = false;
     ++s->stats.reads;
+    s->sends_at_read = s->sends;
     if (ec) {
         sink->on_closed(s->read_error(ec));
         op.end();  // (releases the sink, as promised, and this reader)
@@ -268,10 +357,13 @@ void dispatch_frames(DispatchOp& op) {
                 });
                 return;
             }
-            case ConnectionState::Parse::more:
+            case ConnectionState::Parse::more: {
+                const bool again = s.recheck(r.sink->awaiting_input());
                 handed_on = true;
-                op.start(asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend));
+                s.reading = true;
+                op.start(asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend), again);
                 return;
+            }
             }
         }
     } catch (...) {

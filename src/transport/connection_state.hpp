@@ -12,6 +12,7 @@
 
 #include <sys/uio.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,12 @@
 namespace tensorplay::detail {
 
 inline constexpr std::size_t kReadBufferSize = 256 * 1024;
+/// The read buffer until the handshake is done (it grows for a larger hello): a socket that has
+/// not introduced itself costs this, not kReadBufferSize.
+inline constexpr std::size_t kHandshakeBufferSize = 512;
+/// A payload larger than this grows as its bytes arrive (doubling from here), so that a claimed
+/// length costs memory only once its bytes come.
+inline constexpr std::size_t kPayloadStep = 256 * 1024;
 /// A flushed frame with at most this many tensors may be written by send() itself.
 inline constexpr std::size_t kDirectSendTensors = 14;
 /// Reads of at least this many bytes go straight into the destination, bypassing the buffer.
@@ -31,11 +38,34 @@ struct OutFrame {
     std::vector<Tensor> tensors;
 };
 
+/// The read buffer: grown without zero-filling (every byte is written by a read before it is
+/// looked at), so its pages cost memory only once bytes land in them.
+class ReadBuffer {
+public:
+    [[nodiscard]] std::uint8_t* data() noexcept { return p_.get(); }
+    [[nodiscard]] const std::uint8_t* data() const noexcept { return p_.get(); }
+    [[nodiscard]] std::size_t size() const noexcept { return n_; }
+    /// Makes it at least `cap` bytes, keeping the bytes [beg, end) (moved to the front).
+    void grow(std::size_t cap, std::size_t& beg, std::size_t& end) {
+        if (cap <= n_) return;
+        std::unique_ptr<std::uint8_t[]> q(new std::uint8_t[cap]);  // (default-initialised: not zeroed)
+        if (end > beg) std::memcpy(q.get(), p_.get() + beg, end - beg);
+        end -= beg;
+        beg = 0;
+        p_ = std::move(q);
+        n_ = cap;
+    }
+
+private:
+    std::unique_ptr<std::uint8_t[]> p_;
+    std::size_t n_ = 0;
+};
+
 struct ConnectionState {
     ConnectionState(asio::ip::tcp::socket s, ConnectionLimits l)
-        : socket(std::move(s)), limits(std::move(l)), wake(socket.get_executor()) {
+        : socket(std::move(s)), limits(std::move(l)), wake(socket.get_executor()), watchdog(socket.get_executor()) {
         wake.expires_at(asio::steady_timer::time_point::max());
-        rbuf.resize(kReadBufferSize);
+        rbuf.grow(kHandshakeBufferSize, rbeg, rend);
     }
 
     asio::ip::tcp::socket socket;
@@ -44,9 +74,14 @@ struct ConnectionState {
     std::string endpoint;
     TensorAllocator allocator;
 
-    Bytes rbuf;
+    ReadBuffer rbuf;
     std::size_t rbeg = 0, rend = 0;
     EdgeReadState edge;
+    bool in_frame = false;  ///< the general path is reading a frame (read_general)
+    bool reading = false;   ///< a socket read is pending
+    /// Frames queued by send(), and their count when the last read completed: a send since then
+    /// provokes the reset by which a dead peer's FIN that came with that read shows (recheck).
+    std::uint64_t sends = 0, sends_at_read = 0;
 
     std::vector<OutFrame> queue, batch;
     Bytes scratch;                  ///< the head of a frame sent directly (send_direct)
@@ -55,6 +90,7 @@ struct ConnectionState {
     std::vector<asio::const_buffer> bufs;
     std::vector<iovec> iov;
     asio::steady_timer wake;
+    asio::steady_timer watchdog;  ///< ticks of the frame and idle timeouts (watchdog_loop)
 
     bool open = true;
     std::optional<Error> reason;
@@ -79,6 +115,15 @@ struct ConnectionState {
         socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
         socket.close(ec);
         wake.cancel();
+        watchdog.cancel();
+    }
+
+    /// Whether the next read must look at the socket at once even if the last one drained it (a
+    /// FIN or reset that came with those bytes has spent its readiness edge): a frame (or the
+    /// handshake) is unfinished, or `awaited` (something waits for the peer to send) and nothing
+    /// was sent since the last read, whose reset would show such an end.
+    [[nodiscard]] bool recheck(bool awaited) const noexcept {
+        return in_frame || rend > rbeg || (awaited && sends == sends_at_read);
     }
 
     /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
@@ -127,6 +172,11 @@ struct ConnectionState {
 
     /// Reads a frame with tensors, or one larger than the buffer.
     Task<Result<Frame>> read_general();
+
+    /// Reads a payload of `len` bytes into `f` (growing as its bytes arrive, taking from the
+    /// receive budget as it grows: `held`); a refused budget leaves f.alloc_error set and the
+    /// bytes skipped.
+    Task<Result<void>> read_payload(Frame& f, std::size_t len, std::size_t& held);
 
     /// Decodes (and consumes) a buffered handshake body of `len` bytes.
     Result<HelloInfo> parse_hello_body(std::size_t len);

@@ -62,19 +62,36 @@ asio::detail::reactor_op::status OpBase::perform(asio::detail::reactor_op* base)
             // Drained: TCP copies all it holds up to the buffer's size, so a read that fills less
             // emptied the queue; TCP_INQ says so exactly, a pending FIN included.
             const bool drained = short_reads ? static_cast<std::size_t>(n) < iov.iov_len : inq_of(msg) == 0;
-            if (!drained) return done;
-            const bool idle_ok = !o->state->may_idle || o->state->may_idle();
-            return idle_ok ? done_and_exhausted : done;
+            const bool idle = drained && (!o->state->may_idle || o->state->may_idle());
+            o->state->drained = idle;
+            return idle ? done_and_exhausted : done;
         }
         if (n == 0) {
             o->ec_ = asio::error::eof;
+            o->state->drained = true;
             return done_and_exhausted;
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return not_done;
         o->ec_ = std::error_code(errno, asio::error::get_system_category());
+        o->state->drained = false;
         return done;
     }
+}
+
+void start(const Registration& reg, OpBase* op, bool recheck) {
+    if (recheck && op->state->drained) {
+        // The reactor would wait for an edge that a FIN or reset which came with the last bytes
+        // has already spent. No other read of this socket runs (one reader), so reading here,
+        // outside the reactor's lock, is safe; an edge that comes after this read finds the
+        // reactor's flag set and its own speculative read in start_op catches it.
+        op->state->drained = false;
+        if (OpBase::perform(op) != asio::detail::reactor_op::not_done) {
+            reg.reactor->post_immediate_completion(op, false);
+            return;
+        }
+    }
+    reg.reactor->start_op(asio::detail::reactor::read_op, reg.fd, *reg.data, op, false, true);
 }
 
 void Canceller::operator()(asio::cancellation_type type) {

@@ -27,22 +27,26 @@
 
 namespace tensorplay::detail {
 
-/// Per-socket state of edge reads. Keep one per socket, next to it.
+/// Per-socket state of edge reads. Keep one per socket, next to it. Owned by the socket's one
+/// reader: touched where it starts a read, by that read's perform step (on whichever thread runs
+/// the reactor, outside any strand) and by its completion, never by two at once.
 struct EdgeReadState {
-    /// Whether a reader may stop speculating after a drained read. A reset (RST) that arrives in
-    /// the same batch as the last bytes is not reported again (nor is a FIN with `short_reads`),
-    /// so a reader that relies on the socket to end a wait must say false here while something
-    /// waits for more input and nothing will be sent first (a send finds the reset).
-    /// Evaluated when the bytes arrive. Empty: true.
+    /// Whether a read that drained the socket may tell the reactor so. Evaluated by the perform
+    /// step, outside the reader's strand: it may read only what nothing writes while a read is
+    /// pending (or atomics). Empty: true. A reader that decides after the bytes are in (on its
+    /// strand) passes `recheck` to async_edge_read instead.
     std::function<bool()> may_idle;
 
     /// How a read tells that it drained the socket. False: recvmsg asks the kernel how many bytes
     /// are left (TCP_INQ, which counts a pending FIN as one), so a FIN that arrives with the last
     /// bytes is seen at once. True: plain recv, and a read that fills less than its buffer drained
     /// it (TCP hands over all it holds); cheaper (about 0.4 us a round trip here), but such a FIN
-    /// then shows only at the next read or as the reset our next send provokes: for protocols in
-    /// which something is sent after every message received (a reply, or the next request).
+    /// is then seen only by a recheck (async_edge_read) or the reset that our next send provokes.
     bool short_reads = false;
+
+    /// The last read reported the socket drained, so the reactor will not read again before the
+    /// next readiness edge (written by the perform step, read where the next read starts).
+    bool drained = false;
 
     void* reactor = nullptr;  ///< the socket's event loop's reactor (use_service takes a mutex: once)
     int inq_fd = -1;          ///< the descriptor TCP_INQ was turned on for
@@ -53,12 +57,12 @@ namespace edge {
 
 /// The untyped part of the operation: the read itself (recv, or recvmsg + TCP_INQ), in edge_read.cpp.
 struct OpBase : asio::detail::reactor_op {
-    OpBase(func_type complete, int fd_, asio::mutable_buffer b, const EdgeReadState& st)
+    OpBase(func_type complete, int fd_, asio::mutable_buffer b, EdgeReadState& st)
         : reactor_op(asio::error_code(), &perform, complete), fd(fd_), buf(b), state(&st) {}
     static status perform(asio::detail::reactor_op* base);
     int fd;
     asio::mutable_buffer buf;
-    const EdgeReadState* state;  // next to the socket: valid while the socket is open
+    EdgeReadState* state;  // next to the socket: valid while the socket is open
 };
 
 /// Cancels the read through the reactor (terminal, partial or total), as Asio's own reads do.
@@ -73,10 +77,10 @@ struct Canceller {
 /// loop (`owner` null), which destroys the handler (and so the parked coroutine) with it.
 template <class Handler>
 struct Op final : OpBase {
-    Op(Handler&& h, int fd_, asio::mutable_buffer b, const EdgeReadState& st)
+    Op(Handler&& h, int fd_, asio::mutable_buffer b, EdgeReadState& st)
         : OpBase(&complete, fd_, b, st), handler(std::move(h)) {}
 
-    static Op* create(Handler&& h, int fd_, asio::mutable_buffer b, const EdgeReadState& st) {
+    static Op* create(Handler&& h, int fd_, asio::mutable_buffer b, EdgeReadState& st) {
         return recycled_new<Op>(std::move(h), fd_, b, st);
     }
     static void destroy(Op* o) noexcept { recycled_delete(o); }
@@ -107,6 +111,12 @@ struct Registration {
 };
 Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
 
+/// Starts `op` on the reactor. `recheck` after a read that drained the socket: read once now
+/// instead of waiting for the next edge (a FIN or reset that came in with the bytes already read
+/// has spent its edge: only a read finds it); a completed read is posted like Asio's own
+/// speculative reads.
+void start(const Registration& reg, OpBase* op, bool recheck);
+
 }  // namespace edge
 #endif
 
@@ -121,12 +131,17 @@ Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
 /// reactor records every readiness edge that arrives meanwhile. A handler whose event loop is the
 /// one completing the read is resumed in place.
 ///
+/// `recheck`: the reader, after looking at the bytes, needs the end of the stream seen at once
+/// (something waits on the peer, and nothing we send first would provoke a reset): when the last
+/// read drained the socket, read now anyway (one recv that fails with EAGAIN when nothing came).
+///
 /// Elsewhere (io_uring builds, other Asio versions) it is plain async_read_some.
 template <class Token>
-auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, Token&& token) {
+auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, bool recheck,
+                     Token&& token) {
 #if TP_EDGE_READ
     return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
-        [](auto handler, asio::ip::tcp::socket* sock, asio::mutable_buffer b, EdgeReadState* st) {
+        [](auto handler, asio::ip::tcp::socket* sock, asio::mutable_buffer b, EdgeReadState* st, bool again) {
             using H = decltype(handler);
             if (b.size() == 0) {
                 auto ex = asio::get_associated_executor(handler, sock->get_executor());
@@ -138,13 +153,20 @@ auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, Ed
             auto* op = edge::Op<H>::create(std::move(handler), reg.fd, b, *st);
             if (cs.is_connected())
                 op->cancellation_key_ = &cs.template emplace<edge::Canceller>(edge::Canceller{reg.reactor, reg.data, reg.fd});
-            reg.reactor->start_op(asio::detail::reactor::read_op, reg.fd, *reg.data, op, false, true);
+            edge::start(reg, op, again);
         },
-        token, &socket, buf, &state);
+        token, &socket, buf, &state, recheck);
 #else
     (void)state;
+    (void)recheck;
     return socket.async_read_some(buf, std::forward<Token>(token));
 #endif
+}
+
+/// async_edge_read without a recheck.
+template <class Token>
+auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, Token&& token) {
+    return async_edge_read(socket, buf, state, false, std::forward<Token>(token));
 }
 
 }  // namespace tensorplay::detail

@@ -167,20 +167,21 @@ Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const C
         if (ndim > limits.max_ndim)
             return fail(Errc::protocol_error, "tensor " + std::to_string(i) + " has " + std::to_string(ndim) +
                                                   " dimensions, over the limit of " + std::to_string(limits.max_ndim));
-        std::uint64_t elems = 1;
-        bool overflow = false;
         d.shape.reserve(ndim);
         for (unsigned k = 0; k < ndim; ++k) {
             auto dim = r.i64();
             if (dim < 0) return fail(Errc::protocol_error, "tensor " + std::to_string(i) + " has a negative dimension");
-            if (dim != 0 && elems > std::numeric_limits<std::uint64_t>::max() / std::uint64_t(dim)) overflow = true;
-            elems *= std::uint64_t(dim);
             d.shape.push_back(dim);
         }
         d.nbytes = r.u64();
         if (r.failed()) break;
-        std::uint64_t esz = element_size(d.dtype);
-        if (overflow || (esz != 0 && elems > std::numeric_limits<std::uint64_t>::max() / esz) || elems * esz != d.nbytes)
+        // The same rule as every tensor's (checked_nbytes): no partial product of the shape may
+        // overflow, even one that a later zero dimension would bring back to 0.
+        auto need = checked_nbytes(d.dtype, d.shape);
+        if (!need)
+            return fail(Errc::protocol_error, "tensor " + std::to_string(i) + " has a shape whose size overflows (" +
+                                                  need.error().message() + ")");
+        if (*need != d.nbytes)
             return fail(Errc::protocol_error, "tensor " + std::to_string(i) + " announces " + std::to_string(d.nbytes) +
                                                   " bytes, which does not match its dtype and shape");
         if (d.nbytes > limits.max_tensor_bytes || total + d.nbytes > limits.max_tensor_bytes)

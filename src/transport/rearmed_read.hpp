@@ -76,14 +76,15 @@ public:
           socket_(&socket),
           edge_(&state) {}
 
-    /// Reads into `b` (at least one byte); the reader runs when it completes.
-    void start(asio::mutable_buffer b) {
+    /// Reads into `b` (at least one byte); the reader runs when it completes. `recheck`: as for
+    /// async_edge_read (read now even if the last read drained the socket).
+    void start(asio::mutable_buffer b, bool recheck = false) {
         const auto reg = edge::prepare(*socket_, *edge_);
         fd = reg.fd;
         buf = b;
         ec_ = asio::error_code();
         bytes_transferred_ = 0;
-        reg.reactor->start_op(asio::detail::reactor::read_op, reg.fd, *reg.data, this, false, true);
+        edge::start(reg, this, recheck);
     }
     /// Frees the op and its reader (not while a read is pending).
     void end() noexcept { recycled_delete(this); }
@@ -115,7 +116,7 @@ public:
     RearmedRead(asio::ip::tcp::socket& socket, EdgeReadState&, Args&&... args)
         : reader(std::forward<Args>(args)...), socket_(&socket) {}
 
-    void start(asio::mutable_buffer b) { socket_->async_read_some(b, Handler{RearmedReadOwner<Reader>(this)}); }
+    void start(asio::mutable_buffer b, bool = false) { socket_->async_read_some(b, Handler{RearmedReadOwner<Reader>(this)}); }
     void end() noexcept { recycled_delete(this); }
 
     Reader reader;

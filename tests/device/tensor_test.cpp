@@ -112,6 +112,31 @@ TEST_CASE("sizes that overflow are refused, not wrapped around", "[device][tenso
     CHECK(e.error().code() == Errc::invalid_argument);
 }
 
+// A zero dimension after huge ones gives 0 bytes, but the partial product [2^32, 2^31] is past
+// int64: numel() of such a tensor overflowed signed arithmetic (UBSan in a live agent). Such a
+// shape is refused wherever a tensor is made, so numel() is exact for every tensor.
+TEST_CASE("a shape whose partial product passes int64 is refused even when a later dimension is 0", "[device][tensor]") {
+    const std::vector<std::int64_t> wide{std::int64_t(1) << 32, std::int64_t(1) << 31, 0};
+    auto n = checked_nbytes(DType::uint8, wide);
+    REQUIRE_FALSE(n);
+    CHECK(n.error().code() == Errc::invalid_argument);
+    auto storage = Tensor::cpu(DType::uint8, {16}).storage();
+    CHECK_FALSE(Tensor::wrap(storage, DType::uint8, wide));
+    CHECK_FALSE(empty(Device::cpu(), DType::uint8, wide));
+    const std::vector<std::int64_t> past{(std::int64_t(1) << 62) + 1, 0};  // 8 * (2^62 + 1) bytes
+    CHECK_FALSE(checked_nbytes(DType::int64, past));
+
+    // Large dimensions whose products stay in range still work, and numel is exact.
+    const std::vector<std::int64_t> fine{std::int64_t(1) << 40, 0, std::int64_t(1) << 20};
+    auto z = Tensor::wrap(storage, DType::uint8, fine);
+    REQUIRE(z);
+    CHECK(z->numel() == 0);
+    CHECK(z->nbytes() == 0);
+    auto m = Tensor::wrap(storage, DType::int16, {2, 4});
+    REQUIRE(m);
+    CHECK(m->numel() == 8);
+}
+
 TEST_CASE("large cpu tensors are 2 MiB aligned and writable end to end", "[device][tensor]") {
     auto t = Tensor::cpu(DType::uint8, {3 << 20});
     REQUIRE(t.defined());

@@ -193,11 +193,12 @@ Bytes small_frame(std::uint64_t id) {
 namespace {
 /// The peer sends a whole frame and then closes (`reset`: with an RST instead of a FIN); both are
 /// in before the first read. The frame must come out, then the end of the connection, at once.
-/// `reply`: answer the frame before reading on (a reader that may idle finds the end that way).
-Task<void> frame_then_end(bool reset, bool may_idle, bool short_reads = false, bool reply = false) {
+/// `reply`: answer the frame before reading on (the reader then waits for the next edge, and the
+/// reset that the reply provokes ends it).
+Task<void> frame_then_end(bool reset, bool short_reads = false, bool reply = false) {
     auto rc = co_await raw_client();
     auto conn = co_await handshaken(*rc);
-    conn->set_idle_reads([may_idle] { return may_idle; }, short_reads);
+    conn->set_short_reads(short_reads);
     co_await test::write_raw(rc->raw, small_frame(9));
     if (reset) rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
     rc->raw.close();
@@ -222,24 +223,26 @@ Task<void> frame_then_end(bool reset, bool may_idle, bool short_reads = false, b
 // The read that takes the frame drains the socket; the FIN left behind has spent its readiness
 // edge, and the kernel's TCP_INQ count (which includes a FIN) must keep the reader looking.
 TEST_CASE("a peer that sends a frame and closes: the frame, then connection_lost", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false); });
+}
+
+// A reset is not counted by TCP_INQ: a receive() that waits with nothing sent since looks again.
+TEST_CASE("a peer that sends a frame and resets: the frame, then an error", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(true); });
+}
+
+// Short reads: a FIN is found like a reset, at once by a receive() that waits...
+TEST_CASE("short reads: a peer that sends a frame and closes: the frame, then connection_lost", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, true); });
 }
 
-// A reset is not counted by TCP_INQ: a reader that something waits on says so (set_idle_reads)
-// and still sees it at once.
-TEST_CASE("a peer that sends a frame and resets: the frame, then an error, when reads may not idle", "[transport][fault]") {
-    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(true, false); });
+TEST_CASE("short reads: a peer that sends a frame and resets: the frame, then an error", "[transport][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(true, true); });
 }
 
-// Short reads: a FIN is found like a reset, at once by a reader that may not idle...
-TEST_CASE("short reads: a peer that sends a frame and closes, when reads may not idle: the frame, then connection_lost",
-          "[transport][fault]") {
-    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, false, true); });
-}
-
-// ...and by the next send of one that may: its reset ends the connection.
+// ...and after a send by the reset that send provokes.
 TEST_CASE("short reads: a FIN that came with the last frame is found by the next send", "[transport][fault]") {
-    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, true, true, true); });
+    test::run_with_deadline(5s, [&]() -> Task<void> { co_await frame_then_end(false, true, true); });
 }
 
 TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
@@ -351,7 +354,7 @@ Task<std::vector<Frame>> receive_n(Connection& conn, std::size_t n) {
 
 }  // namespace
 
-// Both ways of telling a drained socket (set_idle_reads' short_reads): with short reads, a read
+// Both ways of telling a drained socket (set_short_reads): with short reads, a read
 // that fills the buffer exactly must be followed by another before the reader waits.
 TEST_CASE("frames split across reads, and frames straddling the end of the read buffer, arrive whole", "[transport]") {
     test::run_with_deadline(40s, [&]() -> Task<void> {
@@ -359,7 +362,7 @@ TEST_CASE("frames split across reads, and frames straddling the end of the read 
             using namespace tensorplay::detail::awaitable_ops;
             auto rc = co_await raw_client();
             auto conn = co_await handshaken(*rc);
-            conn->set_idle_reads({}, mode == 1);
+            conn->set_short_reads(mode == 1);
 
             // Two frames, 7 bytes per read: headers, names and payloads all arrive in pieces.
             Bytes two = encoded(1, "first", payload_of(1));

@@ -21,7 +21,8 @@ enum class DType : std::uint8_t {
 [[nodiscard]] std::string_view to_string(DType dtype) noexcept;
 /// The DType whose numeric value is `code` (as sent on the wire); Errc::protocol_error otherwise.
 [[nodiscard]] Result<DType> dtype_from_code(std::uint8_t code);
-/// Bytes needed by `shape` of `dtype`; Errc::invalid_argument for a negative dimension or overflow.
+/// Bytes needed by `shape` of `dtype`; Errc::invalid_argument for a negative dimension or when a
+/// partial product of the shape (in bytes) passes INT64_MAX, even if a later dimension is 0.
 [[nodiscard]] Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// Contiguous bytes on one device. Implementations come from a DeviceBackend.

@@ -10,6 +10,7 @@
 
 #include <asio/ip/tcp.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,26 @@ namespace tensorplay {
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
 inline constexpr std::uint16_t kProtocolVersion = 1;
 
+/// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
+/// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
+/// lost. A frame that would pass the limit is answered with an error (Frame::alloc_error, its
+/// bytes read and dropped), not buffered. Thread-safe.
+class ReceiveBudget {
+public:
+    explicit ReceiveBudget(std::size_t limit) noexcept : limit_(limit) {}
+    /// Takes `n` bytes; false (nothing taken) when that would pass the limit.
+    [[nodiscard]] bool try_take(std::size_t n) noexcept;
+    /// Gives back `n` bytes taken before.
+    void give_back(std::size_t n) noexcept;
+    /// Bytes taken now.
+    [[nodiscard]] std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
+
+private:
+    std::atomic<std::size_t> used_{0};
+    std::size_t limit_;
+};
+
 /// Bounds applied to everything read from the network, before anything is allocated.
 struct ConnectionLimits {
     std::size_t max_name_len = 1024;                      ///< handler and worker names
@@ -34,7 +55,18 @@ struct ConnectionLimits {
     std::size_t max_tensors = 4096;                       ///< tensors in one frame
     std::size_t max_ndim = 32;                            ///< dimensions of one tensor
     std::size_t max_tensor_bytes = std::size_t(1) << 36;  ///< bytes of one tensor (and of all, summed)
+    /// Payload plus tensor bytes of one frame: what one connection holds before handing a frame
+    /// over (a larger announcement is a protocol_error; payloads grow as their bytes arrive).
+    std::size_t max_frame_bytes = std::size_t(1) << 36;
+    /// Shared by the connections of a group (null: none); the native agent gives its own one.
+    std::shared_ptr<ReceiveBudget> budget;
     Duration handshake_timeout = std::chrono::seconds(10);
+    /// A frame whose first bytes arrived must be whole within this, or the connection closes with
+    /// Errc::timeout (checked every timeout: it closes between once and twice it). 0: no bound.
+    Duration frame_timeout = std::chrono::seconds(120);
+    /// A connection that receives nothing for this long closes with Errc::timeout (between once
+    /// and twice it). 0 (default): never; a peer's request racing such a close would be lost.
+    Duration idle_timeout{0};
 };
 
 /// What each side says about itself in the handshake.
@@ -92,6 +124,12 @@ public:
     virtual void on_frame(Frame&& frame) = 0;
     /// The connection failed or was closed (`why`); nothing follows.
     virtual void on_closed(const Error& why) = 0;
+    /// Asked before each read (on the connection's executor): true while something waits for the
+    /// peer to send (a reply). A read that drained the socket is then followed by one more unless
+    /// a frame was sent since, so that a FIN or reset that came with the last bytes is seen at
+    /// once (docs/protocol.md, "Receiving"). Default: false (each request gets a reply, whose send
+    /// finds such an end).
+    [[nodiscard]] virtual bool awaiting_input() const { return false; }
 };
 
 /// Allocates the destination of an incoming tensor (called on the connection's executor).
@@ -145,14 +183,12 @@ public:
     /// the frame has to wait for the writer; `targets[i]` is where tensor i should land.
     [[nodiscard]] Result<void> send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                     std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
-    /// Read hint (docs/protocol.md, "Receiving"): `may_idle` tells, when bytes arrive, whether the
-    /// reader may wait for the next ones without a read that would fail with EAGAIN first. Say false
-    /// while something waits for input that no send of ours will precede: a reset of the peer that
-    /// arrives with the last bytes is then still seen at once (a send finds it anyway). Default: true.
-    /// `short_reads`: take a read that fills less than the buffer as draining the socket (recv)
-    /// instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us a round trip dearer here);
-    /// a FIN that arrives with the last bytes is then found like such a reset. Default: false.
-    void set_idle_reads(std::function<bool()> may_idle, bool short_reads = false);
+    /// Read hint (docs/protocol.md, "Receiving"): take a read that fills less than the buffer as
+    /// draining the socket (recv) instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us
+    /// a round trip dearer here). Either way a FIN or reset that arrives with the last bytes of an
+    /// unfinished frame, or while a receive() (or FrameSink::awaiting_input) waits with nothing
+    /// sent since, is seen at once. Default: false.
+    void set_short_reads(bool short_reads);
     /// True when bytes of further frames are already buffered (receive() will not wait for them).
     [[nodiscard]] bool input_pending() const noexcept;
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the

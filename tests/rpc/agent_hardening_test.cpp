@@ -1,0 +1,365 @@
+// Native agent against hostile and dying peers on its port: cut-off frames, callees that die
+// mid-reply, claimed lengths, silent and slow sockets, the connection limit.
+#include "rpc/agent_test_util.hpp"
+
+#include <tensorplay/core/wire.hpp>
+
+#include "transport/frame.hpp"
+
+#include <asio/detached.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::size_t rss_bytes() {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    return 0;
+}
+
+std::size_t open_fds() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+}
+
+/// make_group with agent tuning.
+Task<test::AgentGroup> make_tuned_group(int n, detail::NativeAgentTuning tuning) {
+    auto ex = co_await asio::this_coro::executor;
+    test::AgentGroup g;
+    g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
+    g.agents.resize(n);
+    std::vector<std::optional<Error>> errors(n);
+    detail::Channel<void(std::error_code, int)> done(ex, n);
+    for (int r = 0; r < n; ++r) {
+        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(g.store, r, n, {}), tuning),
+                       [&g, &errors, &done, r](std::exception_ptr e, Result<test::AgentPtr> a) {
+                           if (e) errors[r] = Error(Errc::internal, "exception while starting");
+                           else if (a) g.agents[r] = *a;
+                           else errors[r] = a.error();
+                           done.try_send(std::error_code{}, r);
+                       });
+    }
+    for (int i = 0; i < n; ++i) co_await done.async_receive(asio::use_awaitable);
+    for (int r = 0; r < n; ++r)
+        if (errors[r]) FAIL("worker" << r << " did not start: " << errors[r]->to_string());
+    co_return g;
+}
+
+asio::ip::tcp::endpoint endpoint_of(const std::string& address) {
+    auto colon = address.rfind(':');
+    return {asio::ip::make_address(address.substr(0, colon)), static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)))};
+}
+
+Task<asio::ip::tcp::socket> raw_connect(const std::string& address) {
+    asio::ip::tcp::socket s(co_await asio::this_coro::executor);
+    auto [ec] = co_await s.async_connect(endpoint_of(address), detail::use_nothrow);
+    REQUIRE(!ec);
+    co_return s;
+}
+
+Task<void> send_raw(asio::ip::tcp::socket& s, Bytes b) {
+    auto [ec, n] = co_await asio::async_write(s, asio::buffer(b), detail::use_nothrow);
+    REQUIRE(!ec);
+}
+
+/// Reads a hello off `s` (prefix and body).
+Task<void> read_hello(asio::ip::tcp::socket& s) {
+    Bytes prefix(detail::kHelloPrefixSize);
+    auto [ec, n] = co_await asio::async_read(s, asio::buffer(prefix), detail::use_nothrow);
+    REQUIRE(!ec);
+    auto p = detail::decode_hello_prefix(prefix);
+    REQUIRE(p);
+    Bytes body(p->body_len);
+    auto [ec2, n2] = co_await asio::async_read(s, asio::buffer(body), detail::use_nothrow);
+    REQUIRE(!ec2);
+}
+
+HelloInfo named(std::string name, int rank) {
+    HelloInfo h;
+    h.name = std::move(name);
+    h.rank = rank;
+    return h;
+}
+
+/// A raw socket that introduced itself to the agent at `address` and read its answer.
+Task<asio::ip::tcp::socket> raw_handshaken(const std::string& address) {
+    auto s = co_await raw_connect(address);
+    co_await send_raw(s, detail::encode_hello(named("intruder", 99)));
+    co_await read_hello(s);
+    co_return s;
+}
+
+/// Waits until the other end has closed `s` (a read fails or reaches EOF).
+Task<void> until_closed_by_peer(asio::ip::tcp::socket& s) {
+    Bytes sink(1 << 16);
+    for (;;) {
+        auto [ec, n] = co_await s.async_read_some(asio::buffer(sink), detail::use_nothrow);
+        if (ec) co_return;
+    }
+}
+
+Bytes frame_head(std::uint8_t kind, std::uint64_t id, std::string_view name, std::uint64_t payload_len) {
+    WireWriter meta;
+    meta.str32(name).u32(0);
+    WireWriter w;
+    w.u16(detail::kFrameMarker).u8(kind).u8(0).u32(static_cast<std::uint32_t>(meta.size())).u64(id).u64(payload_len);
+    Bytes f = std::move(w).take();
+    f.insert(f.end(), meta.data().begin(), meta.data().end());
+    return f;
+}
+
+/// One blocking send(): the test's event loop (and the agent's) does not run meanwhile.
+void send_now(asio::ip::tcp::socket& s, const Bytes& b) {
+    std::size_t off = 0;
+    while (off < b.size()) {
+        ssize_t n = ::send(s.native_handle(), b.data() + off, b.size() - off, MSG_NOSIGNAL);
+        REQUIRE(n > 0);
+        off += static_cast<std::size_t>(n);
+    }
+}
+
+/// Ends the stream now: a FIN, or a reset (close with SO_LINGER 0).
+void end_now(asio::ip::tcp::socket& s, bool reset) {
+    if (reset) {
+        s.set_option(asio::socket_base::linger(true, 0));
+        s.close();
+    } else {
+        ::shutdown(s.native_handle(), SHUT_WR);
+    }
+}
+
+Task<void> wait_until(std::function<bool()> done, std::chrono::milliseconds step = 5ms) {
+    while (!done()) co_await test::sleep_for(step);
+}
+
+}  // namespace
+
+// The peer's FIN (or reset) arrives with the last bytes of an unfinished frame: the agent must
+// close the connection (not keep a CLOSE-WAIT socket, its buffer and the half frame).
+TEST_CASE("the agent closes every inbound connection whose peer ends it in the middle of a frame", "[rpc][agent][fault]") {
+    test::run_with_deadline(60s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        const auto addr = g[1]->listen_address();
+        const Bytes cut = [] {
+            Bytes b = frame_head(1, 1, "echo", 1000);
+            b.resize(b.size() + 300);
+            return b;
+        }();
+        // FIN: the peer still reads, and sees the agent's close as EOF.
+        for (int i = 0; i < 100; ++i) {
+            auto s = co_await raw_handshaken(addr);
+            co_await test::sleep_for(0ms);
+            send_now(s, cut);
+            end_now(s, false);
+            co_await until_closed_by_peer(s);
+        }
+        // Reset: the peer is gone; the agent's descriptors must go too.
+        const std::size_t fds = open_fds();
+        for (int i = 0; i < 100; ++i) {
+            auto s = co_await raw_handshaken(addr);
+            co_await test::sleep_for(0ms);
+            send_now(s, cut);
+            end_now(s, true);
+        }
+        co_await wait_until([&] { return open_fds() <= fds; });
+        CHECK(open_fds() <= fds);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("still here"));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("still here"));
+        co_await test::shutdown_all(g);
+    });
+}
+
+namespace {
+/// A callee that introduces itself as worker1, reads one request and dies half-way through its
+/// reply (FIN or reset, with the reply's last bytes).
+Task<void> dying_callee(asio::ip::tcp::acceptor& acc, bool reset) {
+    auto [ec, s] = co_await acc.async_accept(detail::use_nothrow);
+    REQUIRE(!ec);
+    co_await read_hello(s);
+    co_await send_raw(s, detail::encode_hello(named("worker1", 1)));
+    Bytes head(detail::kFrameHeaderSize);
+    auto [e1, n1] = co_await asio::async_read(s, asio::buffer(head), detail::use_nothrow);
+    REQUIRE(!e1);
+    auto h = detail::decode_frame_header(head, ConnectionLimits{});
+    REQUIRE(h);
+    Bytes rest(h->meta_len + h->payload_len);
+    auto [e2, n2] = co_await asio::async_read(s, asio::buffer(rest), detail::use_nothrow);
+    REQUIRE(!e2);
+    Bytes reply = frame_head(2, h->id, "", 200);
+    reply.resize(reply.size() + 80);  // 80 of the 200 payload bytes
+    send_now(s, reply);
+    end_now(s, reset);
+    if (!reset) {
+        asio::steady_timer linger(co_await asio::this_coro::executor, 3s);
+        co_await linger.async_wait(detail::use_nothrow);  // keeps the socket (half closed) past the check
+    }
+}
+}  // namespace
+
+// The caller's side: the pending call (no timeout) must fail with connection_lost at once.
+TEST_CASE("a call whose callee dies while its reply is on the wire fails with connection_lost at once", "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        const auto ep = endpoint_of(g[1]->listen_address());
+        {
+            auto gone = co_await g[1]->shutdown(false);
+            REQUIRE(gone);
+        }
+        // The next call reconnects to worker1's address, where the dying callee now listens.
+        asio::ip::tcp::acceptor fake(ex);
+        fake.open(ep.protocol());
+        fake.set_option(asio::socket_base::reuse_address(true));
+        fake.bind(ep);
+        fake.listen();
+        for (bool reset : {false, true}) {
+            INFO((reset ? "reset" : "FIN"));
+            std::optional<Result<Message>> result;
+            asio::co_spawn(ex, dying_callee(fake, reset), asio::detached);
+            co_await test::sleep_for(10ms);
+            const auto t0 = Clock::now();
+            asio::co_spawn(ex, g[0]->rpc_async("worker1", "echo", test::text_message("x"), 0),
+                           [&result](std::exception_ptr, Result<Message> r) { result = std::move(r); });
+            co_await wait_until([&] { return result.has_value(); });
+            const auto took = Clock::now() - t0;
+            REQUIRE_FALSE(*result);
+            CHECK(result->error().code() == Errc::connection_lost);
+            CHECK(took < 1s);
+        }
+        auto done = co_await g[0]->shutdown(false);
+        CHECK(done);
+    });
+}
+
+// A 2 GiB payload claim with a few bytes behind it, on the agent's port.
+TEST_CASE("a claimed 2 GiB payload costs the agent memory only as its bytes arrive", "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        const auto addr = g[1]->listen_address();
+        auto warm = co_await g[0]->rpc_async("worker1", "echo", test::text_message("warm"));
+        REQUIRE(warm);
+        const std::size_t fds = open_fds();
+        const std::size_t before = rss_bytes();
+        auto s = co_await raw_handshaken(addr);
+        Bytes claim = frame_head(1, 1, "echo", std::uint64_t(1) << 31);  // exactly the limit
+        claim.resize(claim.size() + 64 * 1024);
+        co_await send_raw(s, claim);
+        co_await test::sleep_for(100ms);
+        const std::size_t grown = rss_bytes() - before;
+        INFO("RSS grew by " << grown / 1024 << " KiB");
+        CHECK(grown < (64u << 20));
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("served"));  // the loop is not stalled
+        REQUIRE(r);
+        CHECK(r->payload == bytes("served"));
+        s.close();  // cut: the agent closes its end
+        co_await wait_until([&] { return open_fds() <= fds; });
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("500 sockets that never say hello cost the agent little memory", "[rpc][agent][fault]") {
+    test::run_with_deadline(60s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(1);
+        const auto ep = endpoint_of(g[0]->listen_address());
+        auto ex = co_await asio::this_coro::executor;
+        std::vector<asio::ip::tcp::socket> raws;
+        for (int i = 0; i < 8; ++i) {  // (warm up allocator arenas and coroutine frames)
+            raws.emplace_back(ex);
+            raws.back().connect(ep);
+        }
+        co_await test::sleep_for(50ms);
+        const std::size_t before = rss_bytes();
+        for (int i = 0; i < 500; ++i) {
+            raws.emplace_back(ex);
+            raws.back().connect(ep);
+            if (i % 50 == 49) co_await test::sleep_for(1ms);  // (let the agent accept them)
+        }
+        co_await test::sleep_for(200ms);
+        const std::size_t grown = rss_bytes() - before;
+        INFO("RSS grew by " << grown / 1024 << " KiB for 500 silent sockets");
+        CHECK(grown < (16u << 20));
+        for (auto& r : raws) r.close();
+        co_await test::shutdown_all(g, false);
+    });
+}
+
+TEST_CASE("the agent closes a silent socket after the handshake timeout and a slow-loris sender after the frame timeout",
+          "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        detail::NativeAgentTuning tuning;
+        tuning.limits.handshake_timeout = 200ms;
+        tuning.limits.frame_timeout = 200ms;
+        auto g = co_await make_tuned_group(1, tuning);
+        const auto addr = g[0]->listen_address();
+
+        auto silent = co_await raw_connect(addr);
+        auto t0 = Clock::now();
+        co_await until_closed_by_peer(silent);
+        CHECK(Clock::now() - t0 < 3s);
+
+        // A byte every 20 ms of a 150-byte frame: 3 s if it were let through.
+        auto loris = co_await raw_handshaken(addr);
+        Bytes frame = frame_head(1, 1, "echo", 120);
+        frame.resize(frame.size() + 120);
+        t0 = Clock::now();
+        bool cut = false;
+        for (std::size_t i = 0; i < frame.size(); ++i) {
+            asio::error_code ec;
+            asio::write(loris, asio::buffer(&frame[i], 1), ec);
+            if (ec) {  // (the agent closed: this write met its reset)
+                cut = true;
+                break;
+            }
+            co_await test::sleep_for(20ms);
+        }
+        if (!cut) co_await until_closed_by_peer(loris);
+        CHECK(Clock::now() - t0 < 2s);
+        co_await test::shutdown_all(g, false);
+    });
+}
+
+TEST_CASE("beyond max_inbound_connections the agent closes new sockets at once and keeps the others", "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        detail::NativeAgentTuning tuning;
+        tuning.max_inbound_connections = 4;  // worker0's connection and three more
+        auto g = co_await make_tuned_group(2, tuning);
+        test::register_echo(g);
+        const auto addr = g[1]->listen_address();
+        std::vector<asio::ip::tcp::socket> held;
+        for (int i = 0; i < 3; ++i) held.push_back(co_await raw_connect(addr));
+        co_await test::sleep_for(50ms);
+        auto refused = co_await raw_connect(addr);
+        const auto t0 = Clock::now();
+        co_await until_closed_by_peer(refused);
+        CHECK(Clock::now() - t0 < 2s);  // at once, not at the 10 s handshake timeout
+        for (auto& h : held) {
+            asio::error_code ec;
+            CHECK(h.available(ec) == 0);
+            CHECK(!ec);
+        }
+        held.pop_back();  // one goes: room for a new one, which can introduce itself
+        co_await test::sleep_for(50ms);
+        auto s = co_await raw_handshaken(addr);
+        CHECK(s.is_open());
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("ok"));
+        REQUIRE(r);
+        co_await test::shutdown_all(g, false);
+    });
+}
