@@ -175,7 +175,11 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             try {
                 reserve_input(*c, need);
             } catch (...) {
-                why = "out of memory buffering a request of " + std::to_string(need) + " bytes";
+                server->close(*c);  // first: building the message may fail as well
+                try {
+                    why = "out of memory buffering a request of " + std::to_string(need) + " bytes";
+                } catch (...) {
+                }
                 break;
             }
             // (a read that empties the socket tells the reactor so: no EAGAIN read before the next wait)

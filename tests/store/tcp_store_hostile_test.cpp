@@ -169,3 +169,28 @@ TEST_CASE("a reply over max_reply_size closes the connection; one at the limit i
         small->stop();
     });
 }
+
+TEST_CASE("an allocation failure while buffering a request closes only that connection", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        Bytes set{0x00};  // legacy SET of a 4 MiB value: the read buffer must grow past 1 MiB
+        put_str(set, "/v");
+        put_blob(set, Bytes(4 * kMiB, 0x11));
+        {
+            const alloc_probe::FailAbove fail_above(kMiB);
+            tcp::socket offender(ex);
+            co_await raw_connect(&offender, server->port());
+            // (the server may close before all of it is sent: the write's outcome does not matter)
+            auto [ec, n] = co_await asio::async_write(offender, asio::buffer(set), detail::use_nothrow);
+            (void)ec;
+            (void)n;
+            const bool closed = co_await closed_within(offender, 2s);
+            CHECK(closed);
+        }
+        co_await require_server_healthy(server->port(), "after-input-bad-alloc");
+        auto conns = co_await wait_for_connections(*server, 0, 2s);
+        CHECK(conns == 0);
+        server->stop();
+    });
+}
