@@ -19,7 +19,15 @@ StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
     : strand(asio::make_strand(std::move(ex))),
       options(std::move(opts)),
       limits{options.max_key_size, options.max_value_size, options.max_keys_per_request,
-             options.max_request_size} {}
+             options.max_request_size},
+      sweep(strand) {}
+
+bool StoreServerState::reply_fits(Op op, std::size_t size, std::string& why) const {
+    if (size <= options.max_reply_size) return true;
+    why = std::string(c10d::op_name(op)) + " reply of " + std::to_string(size) + " bytes is over the limit of " +
+          std::to_string(options.max_reply_size) + " bytes (max_reply_size)";
+    return false;
+}
 
 bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string& why) {
     Bytes& out = c.out;
@@ -35,9 +43,19 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
         case Op::set:
             store(r.keys[0], r.values[0], false);
             return true;
-        case Op::append:
+        case Op::append: {
+            // A value grows only up to max_value_size, so that every GET reply is bounded too.
+            auto it = data.find(r.keys[0]);
+            const std::size_t now = it == data.end() ? 0 : it->second.size();
+            if (now + r.values[0].size() > options.max_value_size) {
+                why = "APPEND to key \"" + c10d::printable(r.keys[0]) + "\" would make its value " +
+                      std::to_string(now + r.values[0].size()) + " bytes, over the limit of " +
+                      std::to_string(options.max_value_size) + " bytes";
+                return false;
+            }
             store(r.keys[0], r.values[0], true);
             return true;
+        }
         case Op::multi_set:
             for (std::size_t i = 0; i < r.keys.size(); ++i) store(r.keys[i], r.values[i], false);
             return true;
@@ -48,20 +66,26 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
             // c10d 1.13 drops the connection for a missing key; clients always WAIT first, so
             // answering empty bytes (as PyTorch's libuv server does) is compatible and kinder.
             auto it = data.find(r.keys[0]);
-            if (it == data.end()) c10d::put_u64(out, 0);
-            else c10d::put_bytes(out, it->second);
+            if (it == data.end()) {
+                c10d::put_u64(out, 0);
+                return true;
+            }
+            if (!reply_fits(r.op, 8 + it->second.size(), why)) return false;
+            c10d::put_bytes(out, it->second);
             return true;
         }
         case Op::multi_get: {
-            // One lookup per key; the reply is sized first so that the values are copied once.
+            // One lookup per key; the reply is sized first (a key may be named many times: the size
+            // is bounded before anything is reserved) so that the values are copied once.
             std::vector<const Bytes*>& found = multi_get_scratch;
             found.clear();
             std::size_t total = 0;
             for (auto key : r.keys) {
                 auto it = data.find(key);
                 found.push_back(it == data.end() ? nullptr : &it->second);
-                total += 8 + (found.back() ? found.back()->size() : 0);
+                total += 8 + (found.back() ? found.back()->size() : 0);  // <= 2^17 * (2^26 + 8): no overflow
             }
+            if (!reply_fits(r.op, total, why)) return false;
             if (out.capacity() - out.size() < total) out.reserve(std::max(out.size() + total, 2 * out.capacity()));
             for (const Bytes* v : found) {
                 if (v) c10d::put_bytes(out, *v);
@@ -111,10 +135,14 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
         case Op::ping:
             c10d::put_u32(out, r.nonce);
             return true;
-        case Op::list:
+        case Op::list: {
+            std::size_t total = 8;
+            for (const auto& kv : data) total += 8 + kv.first.size();
+            if (!reply_fits(r.op, total, why)) return false;
             c10d::put_i64(out, static_cast<std::int64_t>(data.size()));
             for (const auto& kv : data) c10d::put_str(out, kv.first);
             return true;
+        }
     }
     why = "unhandled query";
     return false;
@@ -187,8 +215,9 @@ void StoreServerState::key_changed(std::string_view key) {
         if (w == c.waits.end() || --w->missing > 0) continue;
         c.waits.erase(w);
         if (c.waits.empty()) c.wait_keys.clear();
+        const std::size_t before = c.queued();
         c10d::put_u8(c.out, c10d::kStopWaiting);
-        c.flush();
+        pushed(c, before);
     }
 }
 
@@ -197,12 +226,26 @@ void StoreServerState::notify_watchers(std::string_view key, std::uint8_t event,
     auto it = watchers.find(key);
     if (it == watchers.end()) return;
     for (StoreConn* w : it->second) {
+        if (!w->overflow.empty()) continue;  // closed at the end of this batch
+        const std::size_t before = w->queued();
         c10d::put_u8(w->out, event);
         c10d::put_str(w->out, key);
         c10d::put_bytes(w->out, old_value);
         c10d::put_bytes(w->out, new_value);
-        w->flush();
+        pushed(*w, before);
     }
+}
+
+void StoreServerState::pushed(StoreConn& w, std::size_t before) {
+    // A connection under max_queued_output takes one more reply or event, however large (else a
+    // watched 64 MiB value could never be delivered); one already over it may grow to the hard limit.
+    if (w.overflow.empty() && before > options.max_queued_output && w.queued() > options.max_queued_output_hard) {
+        w.overflow = std::to_string(w.queued()) + " bytes of output are queued for it (watch events or wake-ups "
+                     "it does not read), over max_queued_output_hard = " +
+                     std::to_string(options.max_queued_output_hard);
+        Bytes().swap(w.out);
+    }
+    w.flush();
 }
 
 void StoreServerState::start_wait(StoreConn& c, const std::vector<std::string_view>& keys) {
@@ -234,9 +277,14 @@ void StoreServerState::cancel_waits(StoreConn& c) {
     c.waits.clear();
 }
 
-void StoreServerState::close(StoreConn& c) {
+void StoreServerState::close(StoreConn& c) noexcept {
     if (c.closed) return;
     c.closed = true;
+    if (c.dirty) {
+        std::erase_if(dirty, [&](const std::shared_ptr<StoreConn>& p) { return p.get() == &c; });
+        c.dirty = false;
+    }
+    Bytes().swap(c.out);
     cancel_waits(c);
     for (const auto& key : c.watch_keys) {
         auto it = watchers.find(key);
@@ -253,9 +301,26 @@ void StoreServerState::close(StoreConn& c) {
     c.drained.cancel();
 }
 
+void StoreServerState::close_stalled(Clock::time_point now) {
+    std::vector<StoreConn*> stalled;
+    for (StoreConn* c : conns)
+        if (c->writer_busy && c->queued() > options.max_queued_output &&
+            now - c->progress_at >= options.queued_output_timeout)
+            stalled.push_back(c);
+    for (StoreConn* c : stalled) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - c->progress_at).count();
+        log(LogLevel::warn, "store",
+            "closing connection from " + c->peer + ": " + std::to_string(c->queued()) +
+                " bytes of output are queued for it (over max_queued_output) and it has taken none for " +
+                std::to_string(ms) + " ms (queued_output_timeout); the client does not read its replies");
+        close(*c);
+    }
+}
+
 void StoreServerState::stop_all() {
     if (stopped) return;
     stopped = true;
+    sweep.cancel();
     for (auto& a : acceptors) {
         std::error_code ignored;
         a.close(ignored);

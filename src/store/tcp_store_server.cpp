@@ -29,8 +29,8 @@ struct TcpStoreServer::Impl : StoreServerState {
 namespace {
 
 constexpr std::size_t kInitialReadBuffer = 4096;
+constexpr std::size_t kMinRead = 512;
 constexpr std::size_t kShrinkAbove = 1 << 20;
-constexpr std::size_t kOutHighWater = 8 << 20;
 
 std::string endpoint_string(const asio::ip::tcp::endpoint& ep) {
     auto addr = ep.address();
@@ -43,16 +43,20 @@ void log_spawn_error(std::exception_ptr e, std::string_view what) {
     log(LogLevel::error, "store", detail::error_from_exception_ptr(e, what).to_string());
 }
 
-// Makes room for `need` unread bytes (need <= limits was checked by the parser) and compacts.
+// Makes room to read towards `need` unread bytes (need <= limits was checked by the parser): compacts,
+// and grows only when the buffer is full, doubling but never past `need`. A length that a client
+// claims is thus backed by memory only as its bytes arrive (at most twice what arrived).
 void reserve_input(StoreConn& c, std::size_t need) {
     const std::size_t unread = c.in_end - c.in_begin;
-    if (c.in_begin > 0 && (c.in_cap - c.in_end < std::max<std::size_t>(need > unread ? need - unread : 0, 512))) {
+    const std::size_t min_free = std::min(need > unread ? need - unread : 1, kMinRead);
+    if (c.in_begin > 0 && c.in_cap - c.in_end < min_free) {
         std::memmove(c.in.get(), c.in.get() + c.in_begin, unread);
         c.in_begin = 0;
         c.in_end = unread;
     }
-    if (need > c.in_cap || (c.in_cap - c.in_end) < 512) {
-        std::size_t cap = std::max({need, c.in_cap * 2, kInitialReadBuffer});
+    if (c.in_cap - c.in_end < min_free) {
+        // need > unread here, so either `need` fits, or doubling leaves at least in_cap free.
+        const std::size_t cap = std::max(kInitialReadBuffer, std::min(need, 2 * c.in_cap));
         auto bigger = std::unique_ptr<std::uint8_t[]>(new std::uint8_t[cap]);
         if (unread > 0) std::memcpy(bigger.get(), c.in.get() + c.in_begin, unread);  // c.in may be null
         c.in = std::move(bigger);
@@ -85,6 +89,7 @@ std::size_t sniff(StoreConn& c) {
 }
 
 // Sends what send_dirty() could not: woken (wake.cancel) only when the socket's buffer was full.
+// Each partial write counts as progress (close_stalled) and wakes a reader held by back-pressure.
 Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_ptr<StoreConn> c) {
     while (!c->closed) {
         if (c->out.empty()) {
@@ -93,18 +98,72 @@ Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             continue;
         }
         std::swap(c->out, c->writing);
+        c->written = 0;
         c->writer_busy = true;
-        auto [ec, n] = co_await asio::async_write(c->socket, asio::buffer(c->writing), detail::use_nothrow);
-        (void)n;
+        std::error_code failed;
+        while (c->written < c->writing.size() && !c->closed) {
+            const auto rest = asio::buffer(c->writing.data() + c->written, c->writing.size() - c->written);
+            auto [ec, n] = co_await c->socket.async_write_some(rest, detail::use_nothrow);
+            if (ec) {
+                failed = ec;
+                break;
+            }
+            c->written += n;
+            c->progress_at = Clock::now();
+            c->drained.cancel();
+        }
         c->writer_busy = false;
         c->writing.clear();
+        c->written = 0;
+        if (c->writing.capacity() > kShrinkAbove) Bytes().swap(c->writing);
         c->drained.cancel();
-        if (ec) {
-            if (!c->closed) log(LogLevel::debug, "store", "write to " + c->peer + " failed: " + ec.message());
+        if (failed) {
+            if (!c->closed) log(LogLevel::debug, "store", "write to " + c->peer + " failed: " + failed.message());
             server->close(*c);
         }
     }
-    if (c->writing.capacity() > kShrinkAbove) Bytes().swap(c->writing);
+    Bytes().swap(c->writing);
+}
+
+// Runs every complete request buffered while the connection's output is under max_queued_output
+// (so one read cannot queue more than that plus one reply), then sends the replies and the
+// wake-ups the batch caused, whatever happened. A request that fails (over a limit, or out of
+// memory) leaves no partial reply and sets `why`. Returns the bytes needed before parsing can progress.
+std::size_t serve_batch(StoreServerState& server, StoreConn& c, c10d::Request& request, std::string& why) noexcept {
+    std::size_t need = 1;
+    std::size_t mark = c.out.size();
+    try {
+        const std::size_t limit = server.options.max_queued_output;
+        while (c.in_begin < c.in_end && !c.closed && c.overflow.empty() && c.queued() <= limit) {
+            auto r = c10d::parse_request(c.dialect, {c.in.get() + c.in_begin, c.in_end - c.in_begin},
+                                         server.limits, request);
+            if (r.status == c10d::ParseStatus::incomplete) {
+                need = r.size;
+                break;
+            }
+            if (r.status == c10d::ParseStatus::error) {
+                why = r.error;
+                break;
+            }
+            mark = c.out.size();
+            if (!server.handle(c, request, why)) {
+                if (c.out.size() > mark) c.out.resize(mark);
+                break;
+            }
+            c.in_begin += r.size;
+        }
+        if (!c.out.empty()) c.flush();
+    } catch (...) {
+        // Out of memory (or a bug): the request fails with its connection, nobody else's does.
+        if (c.out.size() > mark) c.out.resize(mark);
+        try {
+            why = detail::error_from_current_exception("serving a request").to_string();
+        } catch (...) {
+        }
+        server.close(c);
+    }
+    server.send_dirty();  // this connection's replies and the waiters this batch woke
+    return need;
 }
 
 Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_ptr<StoreConn> c) {
@@ -113,7 +172,16 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
     std::string why;
     while (!c->closed) {
         if (c->in_end - c->in_begin < need || c->in_begin == c->in_end) {
-            reserve_input(*c, need);
+            try {
+                reserve_input(*c, need);
+            } catch (...) {
+                server->close(*c);  // first: building the message may fail as well
+                try {
+                    why = "out of memory buffering a request of " + std::to_string(need) + " bytes";
+                } catch (...) {
+                }
+                break;
+            }
             // (a read that empties the socket tells the reactor so: no EAGAIN read before the next wait)
             auto [ec, n] = co_await detail::async_edge_read(
                 c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end), c->edge, detail::use_nothrow);
@@ -132,28 +200,8 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
                 continue;
             }
         }
-        // Run every complete request buffered, then hand all replies to the writer at once.
-        need = 1;
-        while (c->in_begin < c->in_end && !c->closed) {
-            auto r = c10d::parse_request(c->dialect, {c->in.get() + c->in_begin, c->in_end - c->in_begin},
-                                         server->limits, request);
-            if (r.status == c10d::ParseStatus::incomplete) {
-                need = r.size;
-                break;
-            }
-            if (r.status == c10d::ParseStatus::error) {
-                why = r.error;
-                break;
-            }
-            if (!server->handle(*c, request, why)) break;
-            c->in_begin += r.size;
-        }
-        if (!c->out.empty()) c->flush();
-        server->send_dirty();  // this connection's replies and the waiters this batch woke
-        if (!why.empty()) {
-            log(LogLevel::warn, "store", "closing connection from " + c->peer + ": " + why);
-            break;
-        }
+        need = serve_batch(*server, *c, request, why);
+        if (!why.empty() || c->closed) break;
         if (c->in_begin == c->in_end) {
             c->in_begin = c->in_end = 0;
             if (c->in_cap > kShrinkAbove) {
@@ -161,13 +209,28 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
                 c->in_cap = kInitialReadBuffer;
             }
         }
-        // Back-pressure: a client that does not read its replies stops being read.
-        while (c->out.size() + c->writing.size() > kOutHighWater && !c->closed) {
+        // Back-pressure: a client that does not read its replies stops being read (and served)
+        // until the socket has taken enough; close_stalled ends one that never reads.
+        while (c->queued() > server->options.max_queued_output && !c->closed) {
             c->drained.expires_at(asio::steady_timer::time_point::max());
             co_await c->drained.async_wait(detail::use_nothrow);
         }
     }
+    if (!why.empty()) log(LogLevel::warn, "store", "closing connection from " + c->peer + ": " + why);
     server->close(*c);
+}
+
+// Closes, every quarter of queued_output_timeout (at most each second), the connections whose
+// output has been stuck over max_queued_output for that long.
+Task<void> run_sweeper(std::shared_ptr<TcpStoreServer::Impl> server) {
+    using namespace std::chrono_literals;
+    const Duration period = std::clamp<Duration>(server->options.queued_output_timeout / 4, 10ms, 1s);
+    while (!server->stopped) {
+        server->sweep.expires_after(period);
+        co_await server->sweep.async_wait(detail::use_nothrow);
+        if (server->stopped) break;
+        server->close_stalled(Clock::now());
+    }
 }
 
 Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_t index) {
@@ -186,12 +249,19 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         std::error_code ignored;
         socket.set_option(asio::ip::tcp::no_delay(true), ignored);
         socket.non_blocking(true, ignored);  // send_dirty's direct sends must never block the strand
-        auto c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
-        server->conns.insert(c.get());
-        asio::co_spawn(server->strand, run_reader(server, c),
-                       [](std::exception_ptr e) { log_spawn_error(e, "store connection reader"); });
-        asio::co_spawn(server->strand, run_writer(server, c),
-                       [](std::exception_ptr e) { log_spawn_error(e, "store connection writer"); });
+        std::shared_ptr<StoreConn> c;
+        try {
+            c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
+            server->conns.insert(c.get());
+            asio::co_spawn(server->strand, run_reader(server, c),
+                           [](std::exception_ptr e) { log_spawn_error(e, "store connection reader"); });
+            asio::co_spawn(server->strand, run_writer(server, c),
+                           [](std::exception_ptr e) { log_spawn_error(e, "store connection writer"); });
+        } catch (...) {
+            // Out of memory: drop this connection, keep accepting.
+            if (c) server->close(*c);
+            log(LogLevel::warn, "store", detail::error_from_current_exception("accepting a connection").to_string());
+        }
     }
 }
 
@@ -216,35 +286,47 @@ Result<void> open_acceptor(asio::ip::tcp::acceptor& a, const asio::ip::tcp::endp
 namespace detail {
 void StoreConn::flush() {
     if (dirty || closed) return;
+    server.dirty.push_back(shared_from_this());  // may throw: then not marked dirty
     dirty = true;
-    server.dirty.push_back(this);
 }
 
-void StoreServerState::send_dirty() {
-    // Every connection listed is alive: entries are added and removed within one strand handler.
-    for (std::size_t i = 0; i < dirty.size(); ++i) {
-        StoreConn& c = *dirty[i];
+void StoreServerState::send_dirty() noexcept {
+    sending.swap(dirty);  // close() below may edit `dirty`, never `sending`
+    for (auto& entry : sending) {
+        StoreConn& c = *entry;
         c.dirty = false;
-        if (c.closed || c.out.empty()) continue;
-        if (c.writer_busy) {
-            c.wake.cancel();  // after its write, the writer sends `out` too
-            continue;
+        if (c.closed) continue;
+        try {
+            if (!c.overflow.empty()) {
+                log(LogLevel::warn, "store", "closing connection from " + c.peer + ": " + c.overflow);
+                close(c);
+                continue;
+            }
+            if (c.out.empty()) continue;
+            if (c.writer_busy) {
+                c.wake.cancel();  // after its write, the writer sends `out` too
+                continue;
+            }
+            std::error_code ec;
+            const std::size_t n = c.socket.send(asio::buffer(c.out), 0, ec);
+            if (!ec && n == c.out.size()) {
+                c.out.clear();
+                if (c.out.capacity() > kShrinkAbove) Bytes().swap(c.out);
+                continue;
+            }
+            if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+                log(LogLevel::debug, "store", "write to " + c.peer + " failed: " + ec.message());
+                close(c);
+                continue;
+            }
+            if (!ec) c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(n));
+            c.progress_at = Clock::now();  // the writer starts waiting for the socket now
+            c.wake.cancel();  // the writer sends the rest when the socket can take it
+        } catch (...) {
+            close(c);  // a log line could not be built: out of memory
         }
-        std::error_code ec;
-        const std::size_t n = c.socket.send(asio::buffer(c.out), 0, ec);
-        if (!ec && n == c.out.size()) {
-            c.out.clear();
-            continue;
-        }
-        if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-            log(LogLevel::debug, "store", "write to " + c.peer + " failed: " + ec.message());
-            close(c);
-            continue;
-        }
-        if (!ec) c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(n));
-        c.wake.cancel();  // the writer sends the rest when the socket can take it
     }
-    dirty.clear();
+    sending.clear();
 }
 
 StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint64_t conn_id)
@@ -261,6 +343,10 @@ TcpStoreServer::~TcpStoreServer() { stop(); }
 
 Result<std::shared_ptr<TcpStoreServer>> TcpStoreServer::start(Executor executor, TcpStoreServerOptions options) {
     try {
+        if (options.max_queued_output_hard < options.max_queued_output)
+            return fail(Errc::invalid_argument,
+                        "store server options: max_queued_output_hard (" + std::to_string(options.max_queued_output_hard) +
+                            ") is below max_queued_output (" + std::to_string(options.max_queued_output) + ")");
         auto impl = std::make_shared<Impl>(std::move(executor), std::move(options));
         const auto& opts = impl->options;
         impl->acceptors.emplace_back(impl->strand);
@@ -295,6 +381,9 @@ Result<std::shared_ptr<TcpStoreServer>> TcpStoreServer::start(Executor executor,
         for (std::size_t i = 0; i < impl->acceptors.size(); ++i)
             asio::co_spawn(impl->strand, run_acceptor(impl, i),
                            [](std::exception_ptr e) { log_spawn_error(e, "store acceptor"); });
+        if (opts.queued_output_timeout > Duration::zero())
+            asio::co_spawn(impl->strand, run_sweeper(impl),
+                           [](std::exception_ptr e) { log_spawn_error(e, "store output sweeper"); });
         log(LogLevel::info, "store", "store server listening on " + impl->address);
         return std::make_shared<TcpStoreServer>(std::move(impl));
     } catch (...) {

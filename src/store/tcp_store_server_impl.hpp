@@ -35,8 +35,8 @@ struct StoreServerState;
 /// One client connection. Its reader parses every request buffered and runs it; the replies (and
 /// other connections' wake-ups) collect in `out`, which is sent once per read batch, directly with a
 /// non-blocking send; the writer coroutine sends only what the socket would not take at once.
-/// Owned by its two coroutines.
-struct StoreConn {
+/// Owned by its two coroutines (and, between a request and the end of its batch, the dirty list).
+struct StoreConn : std::enable_shared_from_this<StoreConn> {
     StoreConn(StoreServerState& server, asio::ip::tcp::socket socket, std::uint64_t id);
 
     StoreServerState& server;
@@ -54,9 +54,12 @@ struct StoreConn {
     EdgeReadState edge;
 
     Bytes out;      // replies not yet sent
-    Bytes writing;  // the buffer the writer is sending
+    Bytes writing;  // the buffer the writer is sending; its first `written` bytes are sent
+    std::size_t written = 0;
     bool writer_busy = false;  // the writer is sending `writing`: `out` must wait for it (order)
     bool dirty = false;        // listed in the server's `dirty`: `out` has data to send
+    std::string overflow;      // why pushed output overflowed: closed at the end of the batch
+    Clock::time_point progress_at;  // the socket last took bytes (or the writer began waiting for it)
     asio::steady_timer wake;     // cancelled to tell the writer that `out` has data (or to close)
     asio::steady_timer drained;  // cancelled by the writer after each write (reader back-pressure)
 
@@ -70,6 +73,8 @@ struct StoreConn {
     std::vector<std::string> watch_keys;  // keys this connection watches (legacy WATCH_KEY)
     std::uint64_t next_wait_id = 1;
 
+    /// Output not yet taken by the socket.
+    [[nodiscard]] std::size_t queued() const noexcept { return out.size() + writing.size() - written; }
     /// Notes that `out` has something to send (sent at the end of the current read batch).
     void flush();
 };
@@ -96,19 +101,35 @@ struct StoreServerState {
     StringMap<std::vector<StoreConn*>> watchers;
     std::unordered_set<StoreConn*> conns;
     std::vector<const Bytes*> multi_get_scratch;  // reused by MULTI_GET
-    std::vector<StoreConn*> dirty;  // connections with replies to send; emptied before any suspension
+    // Connections with output to send, sent at the end of each read batch. The list owns what it
+    // names and close() takes a connection off it, so an entry can never outlive its connection,
+    // whatever path (an exception included) ends a batch.
+    std::vector<std::shared_ptr<StoreConn>> dirty;
+    std::vector<std::shared_ptr<StoreConn>> sending;  // send_dirty's copy of `dirty` (kept for its capacity)
+    asio::steady_timer sweep;  // paces close_stalled (cancelled by stop_all)
 
     /// Sends what every dirty connection has in `out`: one non-blocking send each, the writer
-    /// coroutine taking over what the socket did not accept. Called at the end of each read batch.
-    void send_dirty();
+    /// coroutine taking over what the socket did not accept; closes those whose pushed output
+    /// overflowed. Called at the end of each read batch.
+    void send_dirty() noexcept;
 
     /// Runs one parsed request of `c`; false when the connection must close (`why` says why).
+    /// May throw (std::bad_alloc): the caller closes `c` then.
     bool handle(StoreConn& c, const c10d::Request& r, std::string& why);
-    /// Closes `c`: drops its waits and watches, closes the socket, wakes its writer. Idempotent.
-    void close(StoreConn& c);
+    /// Closes `c`: drops its waits and watches, takes it off the dirty list, closes the socket,
+    /// wakes its coroutines. Idempotent.
+    void close(StoreConn& c) noexcept;
+    /// Closes the connections over max_queued_output whose socket took nothing for queued_output_timeout.
+    void close_stalled(Clock::time_point now);
     void stop_all();
 
 private:
+    /// Accounts for output pushed to `w` by another request (a wake-up, a watch event): `w` is
+    /// closed at the end of the batch when it was already over max_queued_output and is now over
+    /// max_queued_output_hard.
+    void pushed(StoreConn& w, std::size_t before);
+    /// False (with `why`) when a reply of `size` bytes to `op` would be over max_reply_size.
+    bool reply_fits(c10d::Op op, std::size_t size, std::string& why) const;
     void store(std::string_view key, std::span<const std::uint8_t> value, bool append);
     void key_changed(std::string_view key);
     void notify_watchers(std::string_view key, std::uint8_t event, std::span<const std::uint8_t> old_value,

@@ -15,7 +15,8 @@
 namespace tensorplay {
 
 /// Settings of a TcpStoreServer. Every limit is checked before anything is allocated; a request
-/// over a limit (or of an unknown type) closes only the connection that sent it, with a log line.
+/// over a limit (or of an unknown type) closes only the connection that sent it, with a log line
+/// (the c10d protocol has no error reply). docs/protocol.md "Store server limits" has the details.
 struct TcpStoreServerOptions {
     /// Address to bind; "" = all interfaces (IPv6 [::] dual-stack, falling back to 0.0.0.0).
     std::string host = "";
@@ -26,6 +27,15 @@ struct TcpStoreServerOptions {
     std::size_t max_keys_per_request = 131072;            ///< keys in one CHECK/WAIT/MULTI_GET/MULTI_SET
     std::size_t max_request_size = 256 * 1024 * 1024;     ///< bytes of one whole request (MULTI_SET)
     int backlog = 4096;                                   ///< listen backlog (the OS caps it at somaxconn)
+    std::size_t max_reply_size = 256 * 1024 * 1024;       ///< bytes of one reply (MULTI_GET, LIST, GET)
+    /// Unsent output one connection may have queued before the server stops reading its requests
+    /// (until the client has read enough of its replies).
+    std::size_t max_queued_output = 4 * 1024 * 1024;
+    /// Unsent output past which a connection that is sent watch events or wake-ups without reading
+    /// them is closed. One reply or event that starts under max_queued_output may exceed it.
+    std::size_t max_queued_output_hard = 16 * 1024 * 1024;
+    /// A connection over max_queued_output whose socket takes no byte for this long is closed; 0 = never.
+    Duration queued_output_timeout = std::chrono::seconds(60);
 };
 
 /// A c10d-compatible TCP store server. It tells each connection's dialect from its first bytes

@@ -1,0 +1,196 @@
+// Hostile store clients whose requests make the server run out of memory: the server fails that
+// request's connection only, answers everyone else at once and never touches freed connections.
+// Links alloc_probe.cpp: operator new throws std::bad_alloc above a size, as under memory pressure.
+#include <tensorplay/store/tcp_store.hpp>
+
+#include "store/raw_store_client.hpp"
+#include "support/deadline.hpp"
+
+using namespace tensorplay;
+using namespace tensorplay::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Legacy WAIT on one key: answered with one byte 0x00 when the key exists.
+Bytes legacy_wait(std::string_view key) {
+    Bytes b{0x05};
+    put64(b, 1);
+    put_str(b, key);
+    return b;
+}
+
+// Two raw clients blocked in WAIT on `key`.
+struct Waiters {
+    tcp::socket answered;  // must be answered at once when the key is set
+    tcp::socket vanishing; // closes without reading: its connection is freed while it was owed a reply
+};
+
+Task<void> start_waiting(Waiters* w, std::uint16_t port, std::string_view key) {
+    co_await raw_connect(&w->answered, port);
+    co_await raw_connect(&w->vanishing, port);
+    co_await send_all(w->answered, legacy_wait(key));
+    co_await send_all(w->vanishing, legacy_wait(key));
+    co_await pause(50ms);  // both registered
+}
+
+// After the offending batch: the first waiter is answered at once, the second goes away and
+// the server must not touch its connection again when the next client's request arrives.
+Task<void> check_waiters_and_others(Waiters* w, TcpStoreServer& server, const char* healthy_key) {
+    auto woken = co_await read_within(w->answered, 1, 2s);
+    CHECK(woken.complete);
+    CHECK(woken.bytes == Bytes{0x00});
+    w->vanishing.close();
+    co_await pause(50ms);
+    co_await require_server_healthy(server.port(), healthy_key);
+    auto conns = co_await wait_for_connections(server, 1, 2s);
+    CHECK(conns == 1);  // only `answered` is left
+}
+
+}  // namespace
+
+TEST_CASE("a MULTI_GET whose reply would be 25 GiB closes only its connection and wakes the batch's waiters",
+          "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        {
+            auto c = co_await TcpStore::connect(ex, client_options(server->port()));
+            CO_REQUIRE(c);
+            CO_REQUIRE(co_await (*c)->set("b", Bytes(64 * kMiB, 0x5a)));  // "/b" on the wire
+            (*c)->close();
+        }
+        Waiters w{tcp::socket(ex), tcp::socket(ex)};
+        co_await start_waiting(&w, server->port(), "/go");
+
+        // One read's worth (4095 bytes): VALIDATE, SET /go (wakes both waiters), MULTI_GET "/b" x 406.
+        Bytes batch = validate_bytes();
+        batch.push_back(0x01);
+        put_str(batch, "/go");
+        put_str(batch, "1");
+        batch.push_back(0x0A);
+        put64(batch, 406);
+        for (int i = 0; i < 406; ++i) put_str(batch, "/b");
+        REQUIRE(batch.size() <= 4096);
+        const alloc_probe::FailAbove no_huge_allocations(1ull << 30);  // a machine without 25 GiB to spare
+        tcp::socket offender(ex);
+        co_await raw_connect(&offender, server->port());
+        co_await send_all(offender, batch);
+        const bool closed = co_await closed_within(offender, 2s);
+        CHECK(closed);  // not hung in CLOSE-WAIT
+        co_await check_waiters_and_others(&w, *server, "after-multi-get");
+        server->stop();
+    });
+}
+
+TEST_CASE("an allocation failure while serving a request closes only that connection", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        {
+            auto c = co_await TcpStore::connect(ex, client_options(server->port()));
+            CO_REQUIRE(c);
+            CO_REQUIRE(co_await (*c)->set("big", Bytes(12 * kMiB, 0x33)));
+            (*c)->close();
+        }
+        Waiters w{tcp::socket(ex), tcp::socket(ex)};
+        co_await start_waiting(&w, server->port(), "/go");
+
+        // Legacy SET /go (wakes the waiters) and GET /big, whose 12 MiB reply cannot be allocated.
+        Bytes batch{0x00};
+        put_str(batch, "/go");
+        put_str(batch, "1");
+        batch.push_back(0x02);
+        put_str(batch, "/big");
+        const alloc_probe::FailAbove fail_above(8 * kMiB);
+        tcp::socket offender(ex);
+        co_await raw_connect(&offender, server->port());
+        co_await send_all(offender, batch);
+        auto r = co_await read_within(offender, 8, 2s);
+        CHECK(r.closed);  // closed, not hung
+        CHECK(r.bytes.empty());  // and no partial reply (a length prefix without its value)
+        co_await check_waiters_and_others(&w, *server, "after-bad-alloc");
+        server->stop();
+    });
+}
+
+TEST_CASE("a reply over max_reply_size closes the connection; one at the limit is served", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_reply_size = 2 * (8 + 300 * 1024);  // two values of 300 KiB, with their length prefixes
+        auto server = *TcpStoreServer::start(ex, so);
+        auto c = co_await TcpStore::connect(ex, client_options(server->port()));
+        CO_REQUIRE(c);
+        CO_REQUIRE(co_await (*c)->set("x", pattern(300 * 1024, 1)));
+        CO_REQUIRE(co_await (*c)->set("y", pattern(300 * 1024, 2)));
+        CO_REQUIRE(co_await (*c)->set("z", pattern(10, 3)));
+        auto two = co_await (*c)->multi_get(keys("x", "y"));
+        CO_REQUIRE(two);
+        CHECK((*two)[0] == pattern(300 * 1024, 1));
+        CHECK((*two)[1] == pattern(300 * 1024, 2));
+
+        tcp::socket raw(ex);
+        co_await raw_connect(&raw, server->port());
+        Bytes req = validate_bytes();
+        req.push_back(0x0A);  // MULTI_GET x, y, z: 10 + 8 bytes over the limit
+        put64(req, 3);
+        put_str(req, "/x");
+        put_str(req, "/y");
+        put_str(req, "/z");
+        co_await send_all(raw, req);
+        const bool closed = co_await closed_within(raw, 2s);
+        CHECK(closed);
+
+        // APPEND may not grow a value past max_value_size either (its GET reply would be over it).
+        so.max_value_size = 1024;
+        auto small = *TcpStoreServer::start(ex, so);
+        auto d = co_await TcpStore::connect(ex, client_options(small->port()));
+        CO_REQUIRE(d);
+        CO_REQUIRE(co_await (*d)->set("a", Bytes(1000, 1)));
+        CO_REQUIRE(co_await (*d)->append("a", Bytes(24, 2)));
+        auto over = co_await (*d)->append("a", Bytes(1, 3));
+        bool refused = !over;
+        if (!refused) {  // APPEND has no reply: the close shows in the next round trip
+            auto p = co_await (*d)->ping();
+            refused = !p;
+        }
+        CHECK(refused);
+        auto e = co_await TcpStore::connect(ex, client_options(small->port()));
+        CO_REQUIRE(e);
+        auto a = co_await (*e)->get("a");
+        REQUIRE(a);
+        CHECK(a->size() == 1024);
+        co_await require_server_healthy(server->port(), "after-reply-limit");
+        (*c)->close();
+        (*e)->close();
+        server->stop();
+        small->stop();
+    });
+}
+
+TEST_CASE("an allocation failure while buffering a request closes only that connection", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+        Bytes set{0x00};  // legacy SET of a 4 MiB value: the read buffer must grow past 1 MiB
+        put_str(set, "/v");
+        put_blob(set, Bytes(4 * kMiB, 0x11));
+        {
+            const alloc_probe::FailAbove fail_above(kMiB);
+            tcp::socket offender(ex);
+            co_await raw_connect(&offender, server->port());
+            // (the server may close before all of it is sent: the write's outcome does not matter)
+            auto [ec, n] = co_await asio::async_write(offender, asio::buffer(set), detail::use_nothrow);
+            (void)ec;
+            (void)n;
+            const bool closed = co_await closed_within(offender, 2s);
+            CHECK(closed);
+        }
+        co_await require_server_healthy(server->port(), "after-input-bad-alloc");
+        auto conns = co_await wait_for_connections(*server, 0, 2s);
+        CHECK(conns == 0);
+        server->stop();
+    });
+}
