@@ -87,19 +87,21 @@ tp::Task<int> run(Args args) {
             co_return 5;
         }
     }
+    // Stay until every peer has called us too (a worker that stopped or left before answering
+    // would fail the others' first calls, not what is tested here).
+    auto ex = co_await asio::this_coro::executor;
+    while (g_called.load() < world - 1) {
+        asio::steady_timer t(ex, std::chrono::milliseconds(5));
+        co_await t.async_wait(asio::use_awaitable);
+    }
     if (rank == args.stop_rank) {
         std::fprintf(stderr, "%s: stopping myself\n", name.c_str());
         ::kill(::getpid(), SIGSTOP);
         co_return 0;  // killed by the test while stopped
     }
     if (args.shutdown == "never") {
-        // Stay until every peer has called us, then end the event loop with the agent running:
-        // main returns, the io_context is destroyed, and the static destructors must cope.
-        auto ex = co_await asio::this_coro::executor;
-        while (g_called.load() < world - 1) {
-            asio::steady_timer t(ex, std::chrono::milliseconds(5));
-            co_await t.async_wait(asio::use_awaitable);
-        }
+        // End the event loop with the agent running: main returns, the io_context is destroyed,
+        // and the static destructors must cope.
         g_ctx->stop();
         co_return 0;
     }
