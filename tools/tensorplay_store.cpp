@@ -18,8 +18,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: tensorplay-store serve [--host H] [--port P]\n"
-    "       tensorplay-store [--addr HOST:PORT] [--dialect torch2|torch113] [--timeout S] COMMAND ARGS\n"
-    "commands: set KEY VALUE | get KEY | add KEY N | wait KEY... | check KEY... | delete KEY | num-keys\n";
+    "       tensorplay-store [--addr HOST:PORT] [--dialect auto|torch2|torch113] [--timeout S] COMMAND ARGS\n"
+    "commands: set KEY VALUE | get KEY | add KEY N | wait KEY... | check KEY... | delete KEY | num-keys\n"
+    "The dialect is detected unless --dialect or TP_STORE_DIALECT (auto|torch2|torch113) says otherwise.\n"
+    "Exit status: 0 done; 1 failed, or check found a key missing (it prints false); 2 bad usage.\n";
 
 struct Args {
     std::string command;
@@ -27,7 +29,7 @@ struct Args {
     std::string host;
     std::uint16_t port = 0;
     std::string addr = "127.0.0.1:29500";
-    TcpStoreDialect dialect = TcpStoreDialect::torch2;
+    TcpStoreDialect dialect = TcpStoreDialect::automatic;
     double timeout_s = 30;
 };
 
@@ -58,9 +60,10 @@ Args parse(int argc, char** argv) {
         else if (s == "--timeout") a.timeout_s = std::stod(value());
         else if (s == "--dialect") {
             auto d = value();
-            if (d == "torch2") a.dialect = TcpStoreDialect::torch2;
+            if (d == "auto") a.dialect = TcpStoreDialect::automatic;
+            else if (d == "torch2") a.dialect = TcpStoreDialect::torch2;
             else if (d == "torch113") a.dialect = TcpStoreDialect::torch113;
-            else die("unknown dialect \"" + d + "\" (torch2 or torch113)", 2);
+            else die("unknown dialect \"" + d + "\" (auto, torch2 or torch113)", 2);
         } else if (s == "-h" || s == "--help") {
             std::cout << kUsage;
             std::exit(0);
@@ -163,5 +166,7 @@ int main(int argc, char** argv) {
     if (!result) die("the command did not finish");
     if (!*result) die(result->error().to_string());
     std::fputs((*result)->c_str(), stdout);
+    // As test(1): a check that finds a key missing is a failure the shell can branch on.
+    if (a.command == "check" && **result == "false\n") return 1;
     return 0;
 }

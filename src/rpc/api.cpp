@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <mutex>
 
@@ -233,7 +234,11 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef ba
         if (!made) co_return fail(std::move(made).error().context(what));
         options = std::move(*made);
     }
-    auto rv = co_await rendezvous(options->init_method, rank, world_size);
+    const double t = options->init_timeout;  // seconds; see options.hpp
+    const Duration init_timeout = std::isfinite(t) && t > 0
+                                      ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t))
+                                      : Store::kDefaultTimeout;
+    auto rv = co_await rendezvous(options->init_method, rank, world_size, init_timeout);
     if (!rv) co_return fail(std::move(rv).error().context(what));
     auto ex = co_await asio::this_coro::executor;
     auto agent = co_await init_backend(backend, BackendInitArgs(rv->store, name, rv->rank, rv->world_size, options));

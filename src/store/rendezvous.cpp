@@ -1,12 +1,17 @@
 // rendezvous: parses an init_method (env://, tcp://, file://), then hosts or connects to its store.
 #include <tensorplay/store/rendezvous.hpp>
 
+#include <tensorplay/core/log.hpp>
 #include <tensorplay/store/file_store.hpp>
 #include <tensorplay/store/prefix_store.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/asio_compat.hpp"
+
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -193,6 +198,202 @@ Result<Target> parse(const std::string& url, int rank, int world_size) {
     return t;
 }
 
+// The join every rendezvous ends with. Keys (under the rendezvous store, so under the attempt's
+// prefix with a launcher's store):
+//   tp/rdzv/ws/<rank>   the world size <rank> was told (ASCII decimal), set as it joins
+//   tp/rdzv/joined      counter of ranks that joined
+//   tp/rdzv/verdict     set by rank 0 once every rank of its world has joined: "ok" or the
+//                       disagreement, which every waiting rank then reports as its own error;
+//                       or "timeout:" and why, when rank 0 gave up waiting
+// Rank 0 decides alone, so that every rank reaches the same verdict. A rank that was told another
+// world size than rank 0 always fails; the others fail with it when rank 0 sees the disagreement
+// before it decides (every rank of rank 0's world is there, plus any extra rank that has joined).
+const std::string kJoin = "tp/rdzv/";
+constexpr Duration kProgressEvery = std::chrono::seconds(3);
+
+const std::string kTimedOut = "timeout:";  // a verdict of rank 0 that gave up waiting
+
+std::string ws_key(int rank) { return kJoin + "ws/" + std::to_string(rank); }
+
+std::string rank_list(const std::vector<int>& ranks) {
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size() && i < 16; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (ranks.size() > 16) out += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+    return out;
+}
+
+std::string seconds(Duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+}
+
+// "2/3 joined; missing: rank 2", from one CHECK per rank.
+Task<std::string> joined_so_far(Store& store, int world_size) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size; ++r) {
+        std::vector<std::string> key(1, ws_key(r));
+        auto c = co_await store.check(std::move(key));
+        if (!c) co_return "(the store did not answer: " + c.error().message() + ")";
+        if (!*c) missing.push_back(r);
+    }
+    std::string out = std::to_string(world_size - static_cast<int>(missing.size())) + "/" +
+                      std::to_string(world_size) + " joined";
+    if (!missing.empty()) out += "; missing: " + rank_list(missing);
+    co_return out;
+}
+
+// Waits for `keys`, logging who has joined every few seconds, until `deadline`.
+Task<Result<void>> wait_logging(Store& store, std::vector<std::string> keys, int rank, int world_size,
+                                Clock::time_point deadline, Clock::time_point started) {
+    std::string so_far;
+    for (;;) {
+        const auto now = Clock::now();
+        Duration slice = kProgressEvery;
+        if (deadline != Clock::time_point::max()) slice = std::min(slice, deadline - now);
+        if (slice <= Duration::zero()) slice = std::chrono::milliseconds(1);
+        auto these = keys;
+        auto w = co_await store.wait(std::move(these), slice);
+        if (w) co_return ok();
+        if (w.error().code() != Errc::timeout) {
+            if (so_far.empty()) co_return w;
+            co_return fail(std::move(w).error().context("waiting for workers (last seen: " + so_far + ")"));
+        }
+        so_far = co_await joined_so_far(store, world_size);
+        if (Clock::now() >= deadline)
+            co_return fail(Errc::timeout, "timed out after " + seconds(Clock::now() - started) +
+                                              " waiting for workers: " + so_far);
+        log(LogLevel::info, "rendezvous", "rank " + std::to_string(rank) + ": waiting for workers: " + so_far + " (" +
+                                              seconds(Clock::now() - started) + " so far)");
+    }
+}
+
+std::optional<int> parse_size(const Bytes& v) { return parse_int(std::string_view(reinterpret_cast<const char*>(v.data()), v.size())); }
+
+// Rank 0: every rank's world size, as one verdict ("ok" or what disagrees). `largest` gets the
+// largest world size any rank was told.
+Task<Result<std::string>> decide(Store& store, int world_size, int& largest) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size; ++r) keys.push_back(ws_key(r));
+    auto told = co_await store.multi_get(std::move(keys));
+    if (!told) co_return fail(told.error());
+    std::map<int, std::vector<int>> by_size;  // world size -> ranks told it
+    for (int r = 0; r < world_size; ++r) {
+        auto n = parse_size((*told)[static_cast<std::size_t>(r)]);
+        by_size[n ? *n : -1].push_back(r);
+    }
+    // Ranks beyond this world that have joined anyway (told a larger world, or started twice).
+    std::string joined_key = kJoin + "joined";
+    auto joined = co_await store.add(std::move(joined_key), 0);
+    if (!joined) co_return fail(joined.error());
+    int extra = static_cast<int>(std::max<std::int64_t>(0, *joined - world_size));
+    for (int r = world_size; extra > 0 && r < world_size + 64; ++r) {
+        std::vector<std::string> key(1, ws_key(r));
+        auto c = co_await store.check(std::move(key));
+        if (!c) co_return fail(c.error());
+        if (!*c) continue;
+        std::string name = ws_key(r);
+        auto v = co_await store.get(std::move(name));
+        if (!v) co_return fail(v.error());
+        auto n = parse_size(*v);
+        by_size[n ? *n : -1].push_back(r);
+        --extra;
+    }
+    largest = std::max(world_size, by_size.rbegin()->first);
+    if (by_size.size() == 1 && *joined <= world_size) co_return std::string("ok");
+    std::string out = "world sizes disagree: ";
+    bool first = true;
+    for (const auto& [size, ranks] : by_size) {
+        out += (first ? "" : "; ") + rank_list(ranks) + (ranks.size() == 1 ? " was" : " were") + " told " +
+               (size < 0 ? std::string("something that is not a number") : std::to_string(size));
+        first = false;
+    }
+    if (by_size.size() == 1)
+        out = std::to_string(*joined) + " workers joined a world of " + std::to_string(world_size) +
+              " (a rank started twice, or ranks told another world size joined and left)";
+    co_return out + "; start every worker with the same WORLD_SIZE";
+}
+
+// Publishes this rank's world size and waits until the world has joined and agrees on its size.
+// `wait_for_world` false (rank 0 only, hosting on port 0: nobody can reach it before it returns):
+// rank 0 publishes "ok" at once and each other rank compares its world size with rank 0's alone.
+// `largest` (rank 0) gets the largest world size a rank was told (for linger()).
+Task<Result<void>> join(Store& store, int rank, int world_size, Duration timeout, bool wait_for_world, int& largest) {
+    const auto started = Clock::now();
+    const auto deadline = timeout > Duration::zero() ? started + timeout : Clock::time_point::max();
+    std::string mine = ws_key(rank);
+    Bytes size = bytes(std::to_string(world_size));
+    if (auto r = co_await store.set(std::move(mine), std::move(size)); !r)
+        co_return fail(std::move(r).error().context("publishing this rank's world size"));
+    std::string joined_key = kJoin + "joined";
+    if (auto r = co_await store.add(std::move(joined_key), 1); !r)
+        co_return fail(std::move(r).error().context("counting this rank in"));
+    const std::string verdict_key = kJoin + "verdict";
+    if (rank == 0 && !wait_for_world) {
+        std::string key = verdict_key;
+        Bytes value = bytes("ok");
+        if (auto r = co_await store.set(std::move(key), std::move(value)); !r)
+            co_return fail(std::move(r).error().context("publishing the rendezvous verdict"));
+        co_return ok();
+    }
+    if (rank == 0) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < world_size; ++r) keys.push_back(ws_key(r));
+        if (auto w = co_await wait_logging(store, std::move(keys), rank, world_size, deadline, started); !w) {
+            // Tell the waiting ranks why, so that they fail now with the same words.
+            if (w.error().code() == Errc::timeout) {
+                std::string key = verdict_key;
+                Bytes value = bytes(kTimedOut + w.error().message());
+                (void)co_await store.set(std::move(key), std::move(value));
+            }
+            co_return w;
+        }
+        auto verdict = co_await decide(store, world_size, largest);
+        if (!verdict) co_return fail(std::move(verdict).error().context("comparing the world sizes"));
+        std::string key = verdict_key;
+        Bytes value = bytes(*verdict);
+        if (auto r = co_await store.set(std::move(key), std::move(value)); !r)
+            co_return fail(std::move(r).error().context("publishing the rendezvous verdict"));
+    } else {
+        std::vector<std::string> keys(1, verdict_key);
+        if (auto w = co_await wait_logging(store, std::move(keys), rank, world_size, deadline, started); !w)
+            co_return w;
+    }
+    std::string key = verdict_key;
+    auto verdict = co_await store.get(std::move(key));
+    if (!verdict) co_return fail(std::move(verdict).error().context("reading the rendezvous verdict"));
+    const std::string said = to_string(*verdict);
+    if (said.starts_with(kTimedOut)) co_return fail(Errc::timeout, "rank 0 " + said.substr(kTimedOut.size()));
+    if (said != "ok") co_return fail(Errc::invalid_argument, said);
+    if (rank != 0) {
+        // Rank 0 decided "ok" for its world: this rank must have been told the same size.
+        std::string zero_key = ws_key(0);
+        auto zero = co_await store.get(std::move(zero_key));
+        if (!zero) co_return fail(std::move(zero).error().context("reading rank 0's world size"));
+        auto n = parse_size(*zero);
+        if (n != world_size)
+            co_return fail(Errc::invalid_argument,
+                           "world sizes disagree: rank " + std::to_string(rank) + " was told " +
+                               std::to_string(world_size) + ", rank 0 was told " + to_string(*zero) +
+                               "; start every worker with the same WORLD_SIZE");
+    }
+    co_return ok();
+}
+
+// The hosting rank failed the join: its store stays up a little (5 s at most) while other ranks
+// are connected or, when world sizes disagree, until as many ranks as the largest world size told
+// have joined, so that the ranks it told why (and those still connecting) read its verdict.
+Task<void> linger(TcpStoreServer& server, Store& store, int expected) {
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < until) {
+        std::string joined_key = kJoin + "joined";
+        auto joined = co_await store.add(std::move(joined_key), 0);
+        if (!joined) break;
+        if (*joined >= expected && co_await server.num_connections() <= 1) break;  // only our own client is left
+        pause.expires_after(std::chrono::milliseconds(10));
+        co_await pause.async_wait(detail::use_nothrow);
+    }
+}
+
 Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url) {
     auto ex = co_await asio::this_coro::executor;
     Rendezvous out;
@@ -213,8 +414,14 @@ Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url
         out.server = *server;
         client.host = "127.0.0.1";  // our own server: reach it locally whatever MASTER_ADDR says
         client.port = out.server->port();
-        // c10d: the master waits until the world has connected; with port 0 nobody can have the port yet.
-        client.wait_for_workers = t.port != 0;
+        log(LogLevel::info, "rendezvous",
+            (t.scheme == "env" ? std::string("env://: no launcher-hosted store (TORCHELASTIC_USE_AGENT_STORE is not True): ")
+                               : std::string(url + ": ")) +
+                "rank 0 hosts the store on port " + std::to_string(out.server->port()) + " of all interfaces");
+    } else if (t.agent_store) {
+        log(LogLevel::info, "rendezvous", "env://: rank " + std::to_string(t.rank) + " uses the launcher's store at " +
+                                              t.host + ":" + std::to_string(t.port) + " (keys under /worker/attempt_" +
+                                              t.attempt + "/)");
     }
     auto store = co_await TcpStore::connect(ex, client);
     if (!store) co_return fail(std::move(store).error().context("rendezvous " + url));
@@ -223,10 +430,24 @@ Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url
     else
         out.store = *store;
     out.store->set_timeout(timeout);
+    // With port 0 nobody else can know the port yet: the hosting rank does not wait for them.
+    int largest = 0;
+    if (auto j = co_await join(*out.store, t.rank, t.world_size, timeout, !(hosts && t.port == 0), largest); !j) {
+        if (out.server) co_await linger(*out.server, *out.store, largest);
+        co_return fail(std::move(j).error().context("rendezvous " + url));
+    }
     co_return out;
 }
 
 }  // namespace
+
+Task<Result<void>> join_world(Store& store, int rank, int world_size, Duration timeout) {
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        co_return fail(Errc::invalid_argument, "join_world: rank " + std::to_string(rank) +
+                                                   " is outside the world [0, " + std::to_string(world_size) + ")");
+    int largest = 0;
+    co_return co_await join(store, rank, world_size, timeout, true, largest);
+}
 
 Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size, Duration timeout) {
     auto target = parse(init_method, rank, world_size);
@@ -240,6 +461,9 @@ Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world
         out.store = *store;
         out.rank = target->rank;
         out.world_size = target->world_size;
+        int largest = 0;
+        if (auto j = co_await join(*out.store, out.rank, out.world_size, timeout, true, largest); !j)
+            co_return fail(std::move(j).error().context("rendezvous " + init_method));
         co_return out;
     }
     co_return co_await connect_tcp(std::move(*target), timeout, init_method);

@@ -118,7 +118,8 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
 
     asio::strand<Executor> strand;
     TcpStoreOptions options;
-    c10d::Dialect dialect;
+    c10d::Dialect dialect;  // settled by the first open(); never changes after connect
+    bool dialect_settled = false;
     std::string where;  // "host:port" for messages
     std::vector<std::shared_ptr<Lane>> lanes;
     std::optional<Error> broken;  // set once: every later operation fails with it
@@ -133,8 +134,13 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
     void start_op(const std::shared_ptr<PendingOp>& op);
     /// On the strand: makes the reaper wake by `t` at the latest (starting it if needed).
     void arm(Clock::time_point t);
-    /// Connects `lane` (retrying until `deadline` when `retry`) and handshakes (torch2).
+    /// Connects `lane` (retrying until `deadline` when `retry`) and handshakes (torch2). The first
+    /// call settles the dialect (TcpStoreDialect::automatic: detected, see tcp_store.hpp).
     Task<Result<void>> open(Lane& lane, Clock::time_point deadline, bool retry);
+    /// On a connected lane: the torch2 handshake (VALIDATE, then PING with a nonce), bounded by `limit`.
+    Task<Result<void>> handshake(Lane& lane, Duration limit);
+    /// On a connected lane: one torch113 GETNUMKEYS, to tell a 1.13/2.0 store from something else.
+    Task<Result<void>> probe_legacy(Lane& lane, Duration limit);
     /// Queues `op` on a lane without a WAIT (a new lane when there is none) and wakes its actor.
     void submit(const std::shared_ptr<PendingOp>& op);
     /// Adds a lane and starts its actor; `connected` when open() already ran for it.

@@ -16,8 +16,15 @@ c set greeting hello
 [ "$(c add n 5)" = 5 ] || fail add
 [ "$(c --dialect torch113 add n -2)" = 3 ] || fail "add torch113"
 [ "$(c --dialect torch113 get n)" = 3 ] || fail "get torch113"
+[ "$(c --dialect torch2 get n)" = 3 ] || fail "get torch2"
+[ "$(c --dialect auto get n)" = 3 ] || fail "get auto"
+[ "$(TP_STORE_DIALECT=torch113 c get n)" = 3 ] || fail "get TP_STORE_DIALECT=torch113"
+if TP_STORE_DIALECT=bogus c get n 2>/dev/null; then fail "a bad TP_STORE_DIALECT was accepted"; fi
 [ "$(c check greeting n)" = true ] || fail check
-[ "$(c check greeting missing)" = false ] || fail "check missing"
+# check: a missing key prints false and fails, as test(1) does
+if c check greeting missing >"$out.check"; then fail "check of a missing key exited 0"; fi
+[ "$(cat "$out.check")" = false ] || fail "check missing printed $(cat "$out.check")"
+rm -f "$out.check"
 c wait greeting n || fail wait
 [ "$(c num-keys)" = 2 ] || fail num-keys
 [ "$(c delete greeting)" = true ] || fail delete
@@ -28,4 +35,8 @@ echo "$err" | grep -q "timeout" || fail "get error: $err"
 if c bogus 2>/dev/null; then fail "unknown command accepted"; fi
 kill -TERM "$pid"
 wait "$pid" || fail "serve exited non-zero after SIGTERM"
+# a refused connection: the address once, the reason once
+err=$("$cli" --addr "$addr" --timeout 0.3 get greeting 2>&1 || true)
+[ "$(echo "$err" | grep -o "connecting to the store at $addr" | wc -l)" = 1 ] || fail "context repeated: $err"
+[ "$(echo "$err" | grep -o "Connection refused" | wc -l)" = 1 ] || fail "reason: $err"
 echo "cli ok"

@@ -25,11 +25,11 @@ namespace {
 
 const std::string kPython = "/usr/bin/python3";
 
-TcpStoreOptions legacy_options(std::uint16_t port) {
+TcpStoreOptions legacy_options(std::uint16_t port, TcpStoreDialect dialect = TcpStoreDialect::torch113) {
     TcpStoreOptions o;
     o.port = port;
     o.timeout = 10s;
-    o.dialect = TcpStoreDialect::torch113;
+    o.dialect = dialect;
     return o;
 }
 
@@ -55,9 +55,9 @@ Task<void> check_after_torch_client(std::uint16_t port) {
     REQUIRE((init && *init));
 }
 
-Task<void> exercise_torch_server(std::uint16_t port) {
+Task<void> exercise_torch_server(std::uint16_t port, TcpStoreDialect dialect) {
     auto ex = co_await asio::this_coro::executor;
-    auto cr = co_await TcpStore::connect(ex, legacy_options(port));
+    auto cr = co_await TcpStore::connect(ex, legacy_options(port, dialect));
     REQUIRE(cr);
     auto c = *cr;
     REQUIRE_FALSE(c->has_extended_api());
@@ -124,7 +124,11 @@ TEST_CASE("PyTorch's TCPStore client works against our server", "[interop]") {
     (*server)->stop();
 }
 
-TEST_CASE("our TcpStore client (torch113 dialect) works against PyTorch's server", "[interop]") {
+TEST_CASE("our TcpStore client (torch113 dialect, given or detected) works against PyTorch's server", "[interop]") {
+    // automatic: the client tries the torch2 handshake, PyTorch 1.13 drops that connection, and
+    // the client reconnects in the 1.13 dialect by itself (as under torchrun's default mode).
+    const auto dialect = GENERATE(TcpStoreDialect::torch113, TcpStoreDialect::automatic);
+    INFO("dialect " << (dialect == TcpStoreDialect::automatic ? "automatic" : "torch113"));
     const std::string cmd = "timeout 60 " + kPython + " " + TP_INTEROP_DIR + "/torch_server.py";
     FILE* py = ::popen(cmd.c_str(), "r");
     REQUIRE(py);
@@ -139,7 +143,8 @@ TEST_CASE("our TcpStore client (torch113 dialect) works against PyTorch's server
     REQUIRE(port != 0);
     {
         Runtime rt;
-        run_with_deadline_on(rt.get_executor(), 20s, [port]() -> Task<void> { co_await exercise_torch_server(port); });
+        run_with_deadline_on(rt.get_executor(), 20s,
+                             [port, dialect]() -> Task<void> { co_await exercise_torch_server(port, dialect); });
     }
     std::string rest;
     while (std::fgets(line, sizeof line, py)) rest += line;

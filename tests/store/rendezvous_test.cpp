@@ -1,7 +1,9 @@
 // Tests of rendezvous: URL and environment errors (table), file:// across ranks, tcp:// and env:// with real servers.
 #include <tensorplay/store/rendezvous.hpp>
 
+#include <tensorplay/core/log.hpp>
 #include <tensorplay/store/collectives.hpp>
+#include <tensorplay/store/hash_store.hpp>
 #include <tensorplay/store/prefix_store.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 
 #include <unistd.h>
@@ -224,28 +227,32 @@ TEST_CASE("tcp:// rendezvous on a fixed port: rank 0 waits for the world to conn
 TEST_CASE("env:// rendezvous reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE", "[store]") {
     run_with_deadline(10s, []() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        auto server = TcpStoreServer::start(ex, {.host = "127.0.0.1"});
-        CO_REQUIRE(server);
-        const auto port = std::to_string((*server)->port());
-        {
-            EnvScope env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"RANK", "1"}, {"WORLD_SIZE", "2"}});
-            auto rv = co_await rendezvous("env://", -1, -1, 5s);
-            CO_REQUIRE(rv);
-            REQUIRE(rv->rank == 1);
-            REQUIRE(rv->world_size == 2);
-            REQUIRE_FALSE(rv->server);  // rank 1 never hosts
-            CO_REQUIRE(co_await rv->store->set("via-env", bytes("x")));
-            // the arguments win over the environment
-            auto rv2 = co_await rendezvous("env://", 1, 3, 5s);
-            CO_REQUIRE(rv2);
-            REQUIRE(rv2->world_size == 3);
+        for (bool from_env : {true, false}) {
+            auto server = TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+            CO_REQUIRE(server);
+            const auto port = std::to_string((*server)->port());
+            TcpStoreOptions o;
+            o.port = (*server)->port();
+            auto zero = co_await TcpStore::connect(ex, o);  // rank 0 of the world, joining by hand
+            CO_REQUIRE(zero);
+            Spawned<void> rank0(ex, join_world(**zero, 0, 2, 5s));
+            {
+                // from_env: everything from the environment; else the arguments win over it
+                EnvScope env({{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", port},
+                              {"RANK", from_env ? "1" : "0"},
+                              {"WORLD_SIZE", from_env ? "2" : "5"}});
+                auto rv = co_await rendezvous("env://", from_env ? -1 : 1, from_env ? -1 : 2, 5s);
+                CO_REQUIRE(rv);
+                REQUIRE(rv->rank == 1);
+                REQUIRE(rv->world_size == 2);
+                REQUIRE_FALSE(rv->server);  // rank 1 never hosts
+                CO_REQUIRE(co_await rv->store->set("via-env", bytes("x")));
+            }
+            CO_REQUIRE(co_await rank0.join());
+            auto v = co_await (*zero)->get("via-env");
+            REQUIRE((v && *v == bytes("x")));
         }
-        TcpStoreOptions o;
-        o.port = (*server)->port();
-        auto check = co_await TcpStore::connect(ex, o);
-        CO_REQUIRE(check);
-        auto v = co_await (*check)->get("via-env");
-        REQUIRE((v && *v == bytes("x")));
     });
 }
 
@@ -274,9 +281,13 @@ TEST_CASE("env:// with the agent store connects as a client under /worker/attemp
                           {"WORLD_SIZE", "2"},
                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                           {"TORCHELASTIC_RESTART_COUNT", "3"}});
+            Spawned<Rendezvous> rank1(ex, rendezvous("env://", 1, -1, 5s));
             auto rv = co_await rendezvous("env://", -1, -1, 5s);
             CO_REQUIRE(rv);
             REQUIRE_FALSE(rv->server);  // rank 0 too is only a client
+            auto rv1 = co_await rank1.join();
+            CO_REQUIRE(rv1);
+            REQUIRE_FALSE(rv1->server);
             auto prefixed = std::dynamic_pointer_cast<PrefixStore>(rv->store);
             REQUIRE(prefixed);
             REQUIRE(prefixed->prefix() == "/worker/attempt_3");
@@ -300,5 +311,115 @@ TEST_CASE("tcp:// rendezvous with no server times out naming the URL", "[store]"
         REQUIRE_FALSE(r);
         INFO(r.error().to_string());
         REQUIRE(r.error().message().find(url) != std::string::npos);
+    });
+}
+
+namespace {
+
+// Captures the library's log lines for one test (and restores stderr and the level afterwards).
+class LogCapture {
+public:
+    LogCapture() : old_(log_level()) {
+        set_log_level(LogLevel::info);
+        set_log_sink([this](LogLevel, std::string_view component, std::string_view message) {
+            std::lock_guard lock(mutex_);
+            lines_.push_back(std::string(component) + ": " + std::string(message));
+        });
+    }
+    ~LogCapture() {
+        set_log_sink({});
+        set_log_level(old_);
+    }
+    std::string all() {
+        std::lock_guard lock(mutex_);
+        std::string out;
+        for (auto& l : lines_) out += l + "\n";
+        return out;
+    }
+
+private:
+    LogLevel old_;
+    std::mutex mutex_;
+    std::vector<std::string> lines_;
+};
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("a rank that never joins: the others log progress and fail at the timeout naming it alone", "[store]") {
+    LogCapture logs;
+    run_with_deadline(15s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto url = "tcp://127.0.0.1:" + std::to_string(free_port(ex));
+        const auto start = Clock::now();
+        Spawned<Rendezvous> r0(ex, rendezvous(url, 0, 3, 3500ms));
+        co_await pause(100ms);  // rank 1 starts later: its own deadline is after rank 0's
+        auto r1 = co_await rendezvous(url, 1, 3, 3500ms);
+        auto h = co_await r0.join();
+        REQUIRE(Clock::now() - start < 8s);
+        REQUIRE_FALSE(h);
+        REQUIRE_FALSE(r1);
+        INFO(h.error().to_string() << "\n" << r1.error().to_string());
+        REQUIRE(h.error().code() == Errc::timeout);
+        REQUIRE(r1.error().code() == Errc::timeout);
+        for (const auto* e : {&h.error(), &r1.error()}) {
+            REQUIRE(has(e->message(), "waiting for workers: 2/3 joined; missing: rank 2"));
+            REQUIRE(has(e->message(), url));
+        }
+        REQUIRE(has(r1.error().message(), "rank 0 timed out"));  // told by rank 0, not lost with its store
+    });
+    const auto text = logs.all();
+    INFO(text);
+    REQUIRE(has(text, "rank 0: waiting for workers: 2/3 joined; missing: rank 2 ("));
+    REQUIRE(has(text, "rank 1: waiting for workers: 2/3 joined; missing: rank 2 ("));
+    REQUIRE(has(text, "rank 0 hosts the store on port"));
+    REQUIRE_FALSE(has(text, "missing: rank 0"));
+    REQUIRE_FALSE(has(text, "missing: rank 1"));
+}
+
+TEST_CASE("world sizes that disagree fail every rank at once, naming who was told what", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto url = "tcp://127.0.0.1:" + std::to_string(free_port(ex));
+        const auto start = Clock::now();
+        Spawned<Rendezvous> r0(ex, rendezvous(url, 0, 2, 8s));
+        Spawned<Rendezvous> r1(ex, rendezvous(url, 1, 3, 8s));
+        Spawned<Rendezvous> r2(ex, rendezvous(url, 2, 3, 8s));
+        for (auto* r : {&r0, &r1, &r2}) {
+            auto got = co_await r->join();
+            REQUIRE_FALSE(got);
+            INFO(got.error().to_string());
+            REQUIRE(got.error().code() == Errc::invalid_argument);
+            REQUIRE(has(got.error().message(), "world sizes disagree: rank 0 was told 2; rank"));
+            REQUIRE(has(got.error().message(), "told 3"));
+        }
+        REQUIRE(Clock::now() - start < 5s);  // at once, not at the 8 s timeout
+    });
+}
+
+TEST_CASE("a rank told another world size than rank 0 fails even after the others have joined", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto url = "tcp://127.0.0.1:" + std::to_string(free_port(ex));
+        Spawned<Rendezvous> r0(ex, rendezvous(url, 0, 2, 5s));
+        auto r1 = co_await rendezvous(url, 1, 2, 5s);
+        CO_REQUIRE(r1);
+        auto host = co_await r0.join();
+        CO_REQUIRE(host);
+        auto late = co_await rendezvous(url, 2, 3, 5s);
+        REQUIRE_FALSE(late);
+        INFO(late.error().to_string());
+        REQUIRE(late.error().code() == Errc::invalid_argument);
+        REQUIRE(has(late.error().message(), "world sizes disagree: rank 2 was told 3, rank 0 was told 2"));
+    });
+}
+
+TEST_CASE("join_world refuses a rank outside the world", "[store]") {
+    run_with_deadline(5s, []() -> Task<void> {
+        auto store = std::make_shared<HashStore>();
+        auto r = co_await join_world(*store, 3, 3, 1s);
+        REQUIRE_FALSE(r);
+        REQUIRE(r.error().code() == Errc::invalid_argument);
     });
 }

@@ -19,6 +19,9 @@ struct RpcBackendOptions {
     double rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC;
     /// How workers rendezvous: "env://", "tcp://host:port", "file://path".
     std::string init_method = std::string(DEFAULT_INIT_METHOD);
+    /// Seconds init_rpc may take to rendezvous and for every worker to join (also the store's
+    /// default timeout); 0, negative or not finite: Store::kDefaultTimeout (300 s).
+    double init_timeout = 0;
 
     RpcBackendOptions() = default;
     RpcBackendOptions(double rpc_timeout, std::string init_method);

@@ -20,23 +20,37 @@ struct Rendezvous {
     int world_size = -1;  ///< the world size, from the argument, the URL query or WORLD_SIZE
 };
 
-/// Connects this rank to the group's store. `rank` and `world_size` of -1 are taken from the URL
-/// query (`?rank=R&world_size=W`), then (env:// only) from RANK and WORLD_SIZE.
+/// Connects this rank to the group's store and joins the world (see join_world). `rank` and
+/// `world_size` of -1 are taken from the URL query (`?rank=R&world_size=W`), then (env:// only)
+/// from RANK and WORLD_SIZE.
 ///  - `tcp://host:port` (host may be `[v6addr]`): rank 0 starts a TcpStoreServer on `port` (all
-///    interfaces, as torch) and waits, up to `timeout`, for the world to connect (c10d's "init/"
-///    count); the others connect, retrying until `timeout`. Port 0 is allowed for the hosting rank
-///    only: it binds an ephemeral port (server->port()) and does not wait for the others, who can
-///    only learn the port from the caller.
+///    interfaces, as torch, with an info log line); the others connect, retrying a refused
+///    connection until `timeout`. Port 0 is allowed for the hosting rank only: it binds an
+///    ephemeral port (server->port()) and returns at once, since the others can only learn the
+///    port from the caller; they then check their world size against rank 0's alone.
 ///  - `env://`: the same with host MASTER_ADDR and port MASTER_PORT. With
-///    TORCHELASTIC_USE_AGENT_STORE=True every rank is a client of the launcher's store and the
-///    store is PrefixStore("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", client), like torch.
+///    TORCHELASTIC_USE_AGENT_STORE=True (torchrun's default static rendezvous) every rank is a
+///    client of the launcher's store (its dialect, e.g. PyTorch 1.13's, is detected) and the store
+///    is PrefixStore("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", client), like torch.
 ///  - `file:///path` (or `file://relative/path`): a FileStore on that file. As with torch, the file
 ///    must be new or empty for each job: stale keys of an earlier job would be read.
-/// `timeout` is also the store's default timeout. Errors: invalid_argument naming the culprit
-/// (malformed URL, unknown scheme, missing or non-numeric variable or parameter, rank outside the
-/// world; env:// keeps torch's "environment variable MASTER_ADDR expected, but not set"); the
-/// store's errors (io_error, timeout, connection_lost) with the URL as context.
+/// `timeout` bounds the whole rendezvous (connecting and joining; <= 0: no bound) and is the
+/// store's default timeout. Errors: invalid_argument naming the culprit (malformed URL, unknown
+/// scheme, missing or non-numeric variable or parameter, rank outside the world, a host name that
+/// does not resolve, world sizes that disagree; env:// keeps torch's "environment variable
+/// MASTER_ADDR expected, but not set"); timeout naming the ranks that did not join; the store's
+/// errors (protocol_error for a listener that is not a store, connection_lost) with the URL as context.
 [[nodiscard]] Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size,
                                                   Duration timeout = Store::kDefaultTimeout);
+
+/// The join every rendezvous ends with, for a store made otherwise (e.g. before
+/// init_rpc_with_store): publishes this rank's world size under "tp/rdzv/", waits up to `timeout`
+/// (<= 0: no bound) until every rank of the world has joined, logging at info level every few
+/// seconds who is missing ("waiting for workers: 2/3 joined; missing: rank 2"), and lets rank 0
+/// judge: when the world sizes disagree every waiting rank fails with Errc::invalid_argument naming
+/// them, and a rank told another size than rank 0 always fails. Once per world and store (prefix).
+/// Errors: invalid_argument (rank outside [0, world_size), a disagreement), timeout naming the
+/// missing ranks, the store's errors. `store` must outlive the coroutine.
+[[nodiscard]] Task<Result<void>> join_world(Store& store, int rank, int world_size, Duration timeout);
 
 }  // namespace tensorplay

@@ -73,6 +73,10 @@ private:
 
 /// Which c10d wire dialect a TcpStore client speaks.
 enum class TcpStoreDialect {
+    /// Detect: TP_STORE_DIALECT (auto|torch2|torch113) when set, else try the torch2 handshake and,
+    /// if the server closes the connection on VALIDATE (as PyTorch 1.13/2.0 stores do), reconnect
+    /// in torch113 after checking that the server answers a torch113 request.
+    automatic,
     torch2,    ///< PyTorch >= 2.3: VALIDATE + PING handshake, APPEND/MULTI_*/CANCEL_WAIT (our server speaks it)
     torch113,  ///< PyTorch 1.13 / 2.0: no handshake; append and multi_* emulated with basic operations
 };
@@ -81,10 +85,12 @@ enum class TcpStoreDialect {
 struct TcpStoreOptions {
     std::string host = "127.0.0.1";
     std::uint16_t port = 0;
-    /// Connect deadline (the server may start later: connect retries with backoff until then), and
-    /// the default timeout of get/wait/multi_get and of every other operation.
+    /// Connect deadline (the server may start later: a refused connect is retried with backoff until
+    /// then, with an info log line every few seconds; a host name that does not resolve fails at
+    /// once), and the default timeout of get/wait/multi_get and of every other operation.
     Duration timeout = std::chrono::seconds(300);
-    TcpStoreDialect dialect = TcpStoreDialect::torch2;
+    /// The wire dialect; an explicit torch2 or torch113 is used as given (TP_STORE_DIALECT is then ignored).
+    TcpStoreDialect dialect = TcpStoreDialect::automatic;
     /// >= 0: c10d worker counting: after connecting, ADD "init/" 1 (un-prefixed key, as c10d does).
     int world_size = -1;
     /// With world_size >= 0: wait (up to timeout) until "init/" reaches world_size. Unlike c10d,
@@ -102,7 +108,10 @@ struct TcpStoreOptions {
 /// fails with Errc::connection_lost. Cancelling an awaiting caller abandons only its reply.
 class TcpStore final : public Store {
 public:
-    /// Connects (retrying with backoff until options.timeout), handshakes (torch2) and counts workers.
+    /// Connects (retrying with backoff until options.timeout), settles the dialect, handshakes
+    /// (torch2) and counts workers. Errors: invalid_argument (a host that does not resolve, a bad
+    /// TP_STORE_DIALECT), timeout (nothing accepted the connection in time), protocol_error (the
+    /// listener is not a tensorplay/c10d store), connection_lost.
     [[nodiscard]] static Task<Result<std::shared_ptr<TcpStore>>> connect(Executor executor, TcpStoreOptions options);
     ~TcpStore() override;
     TcpStore(const TcpStore&) = delete;
@@ -123,7 +132,8 @@ public:
     [[nodiscard]] Task<Result<std::vector<Bytes>>> multi_get(std::vector<std::string> keys) override;
     /// torch113: the SETs pipelined in one write.
     [[nodiscard]] Task<Result<void>> multi_set(std::vector<std::string> keys, std::vector<Bytes> values) override;
-    /// True for torch2 (one round trip); false for torch113, where multi_* are emulated.
+    /// True for torch2 (one round trip); false for torch113, where multi_* are emulated (after
+    /// connect(), this also tells which dialect automatic detection settled on).
     [[nodiscard]] bool has_extended_api() const noexcept override;
     /// Round trip to the server (torch2 PING; torch113 GETNUMKEYS). Returns the time it took.
     [[nodiscard]] Task<Result<Duration>> ping();
