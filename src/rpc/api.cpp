@@ -186,7 +186,7 @@ constexpr std::chrono::milliseconds kStoreLinger{1000};
 Task<Result<void>> InitRpcAgent::shutdown(bool graceful, double timeout_sec) {
     const auto start = std::chrono::steady_clock::now();
     auto r = co_await inner_->shutdown(graceful, timeout_sec);
-    if (graceful && server_) {
+    if (graceful && server_ && r) {
         auto limit = std::chrono::steady_clock::now() + kStoreLinger;
         if (timeout_sec > 0)  // charged to the caller's timeout too
             limit = std::min(limit, start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -263,13 +263,21 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
     const auto deadline = timeout > Duration::zero() ? Clock::now() + timeout : Clock::time_point::max();
     // Wait in slices so that a worker that died (unreachable, never arrived) ends the wait with its
     // name instead of hanging until the deadline, or forever without one.
+    std::string last_missing;
     for (;;) {
         Duration slice = std::chrono::milliseconds(watch_peers ? 200 : 1000);
         if (deadline != Clock::time_point::max()) slice = std::min(slice, std::max(Duration(std::chrono::milliseconds(1)), deadline - Clock::now()));
         std::vector<std::string> done_key(1, base + "done");
         auto w = co_await store->wait(std::move(done_key), slice);
         if (w) co_return ok();
-        if (w.error().code() != Errc::timeout) co_return w;
+        if (w.error().code() != Errc::timeout) {
+            // The store's host (rank 0, usually) may have given up at its own deadline: say whom
+            // this worker was still waiting for.
+            if (!last_missing.empty())
+                co_return fail(std::move(w).error().context("barrier \"" + name + "\": lost the store while worker(s) " +
+                                                            last_missing + " had not arrived"));
+            co_return w;
+        }
         std::vector<int> missing;
         for (auto& wi : workers) {
             std::vector<std::string> key(1, base + "arrived/" + std::to_string(wi.id));
@@ -281,6 +289,7 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
             if (!names.empty()) names += ", ";
             names += "\"" + workers[r].name + "\"";
         }
+        last_missing = names;
         if (Clock::now() >= deadline) {
             if (names.empty()) names = "(unknown)";
             co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + names + " did not arrive");
