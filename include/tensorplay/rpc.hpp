@@ -31,6 +31,7 @@
 #include <tensorplay/rpc/api.hpp>
 #include <tensorplay/rpc/backend_registry.hpp>
 #include <tensorplay/rpc/constants.hpp>
+#include <tensorplay/rpc/debug_info.hpp>
 #include <tensorplay/rpc/device_map_exchange.hpp>
 #include <tensorplay/rpc/message.hpp>
 #include <tensorplay/rpc/options.hpp>

@@ -95,7 +95,9 @@ addr=$(sed -n 's/^listening on //p' "$dir/store.out"); port=${addr##*:}
 agent=(TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0)
 timeout=20; t0=$(date +%s)
 run_rank f2 2 3 "${agent[@]}"
-"$cli" --addr "$addr" --timeout 10 wait /worker/attempt_0/tp/rdzv/ws/2 || fail "rank 2 never published its world size"
+# (its world size, then its count in "joined": rank 0 finds extra ranks by that count)
+"$cli" --addr "$addr" --timeout 10 wait /worker/attempt_0/tp/rdzv/ws/2 /worker/attempt_0/tp/rdzv/joined ||
+    fail "rank 2 never published its world size"
 run_rank f0 0 2 "${agent[@]}"; run_rank f1 1 2 "${agent[@]}"
 for r in 0 1 2; do
     finish "f$r"; [ "$rc" = 1 ] || fail "issue's sizes: rank $r exited $rc"
