@@ -147,6 +147,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     asio::ip::tcp::acceptor acceptor;
     std::string host;
     std::uint16_t port = 0;
+    /// Cancelled once `workers` is known (or the agent closes): inbound peers are admitted against
+    /// it, so the accept loop waits for it (early connections wait in the listen backlog).
+    asio::steady_timer roster_known;
+    /// The group's shared key (TensorPipeRpcBackendOptions::auth_key and its fallbacks); empty:
+    /// none. Never logged.
+    std::string auth_key;
     std::vector<std::weak_ptr<Connection>> inbound;
     std::size_t inbound_open = 0;  ///< inbound sockets accepted and not yet closed (tuning.max_inbound_connections)
     bool inbound_full_logged = false;
@@ -192,6 +198,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Closes everything local: pending calls end with `reason`, connections and the listener close.
     void close_local(const Error& reason);
     [[nodiscard]] HelloInfo hello() const;
+    /// Whether an inbound peer (authenticated, with a key) may connect: its name and rank must be
+    /// another worker's of the group. The error says why not (it is sent to the peer).
+    [[nodiscard]] Result<void> admit(const HelloInfo& peer) const;
     [[nodiscard]] Result<void> listen();
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);

@@ -314,15 +314,25 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     p.connecting = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
     auto limits = tuning.limits;
     if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
-    auto c = co_await Connection::connect(p.host, p.port, hello(), limits);
+    HandshakeAuth auth;
+    auth.key = auth_key;
+    // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
+    auto connecting = Connection::connect(p.host, p.port, hello(), limits, std::move(auth));
+    auto c = co_await std::move(connecting);
     auto done = std::move(p.connecting);
     p.connecting.reset();
     done->cancel();
     if (!c) {
-        p.last_connect_error = Error(c.error().code() == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
-                                     "cannot reach worker \"" + p.info.name + "\" at " + p.host + ":" + std::to_string(p.port) +
-                                         ": " + c.error().message(),
-                                     p.info.name);
+        // A refusal (or a peer that fails our check of its key) is unauthorized: retrying will not help.
+        const Errc code = c.error().code();
+        if (code == Errc::unauthorized)
+            p.last_connect_error = Error(Errc::unauthorized, "cannot connect to worker \"" + p.info.name + "\": " + c.error().message(),
+                                         p.info.name);
+        else
+            p.last_connect_error = Error(code == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
+                                         "cannot reach worker \"" + p.info.name + "\" at " + p.host + ":" + std::to_string(p.port) +
+                                             ": " + c.error().message(),
+                                         p.info.name);
         co_return fail(*p.last_connect_error);
     }
     p.last_connect_error.reset();
@@ -330,10 +340,11 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         (*c)->close();
         co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
     }
-    if ((*c)->peer().name != p.info.name) {
+    if ((*c)->peer().name != p.info.name || (*c)->peer().rank != rank) {
         (*c)->close();
-        co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" at " + p.host + ":" +
-                                                 std::to_string(p.port) + ", found \"" + (*c)->peer().name + "\"");
+        co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" (rank " + std::to_string(rank) + ") at " +
+                                                 p.host + ":" + std::to_string(p.port) + ", found \"" + (*c)->peer().name +
+                                                 "\" (rank " + std::to_string((*c)->peer().rank) + ")");
     }
     log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" at " + p.host + ":" +
                                     std::to_string(p.port));

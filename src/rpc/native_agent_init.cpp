@@ -10,6 +10,7 @@
 
 #include "core/asio_compat.hpp"
 #include "rpc/native_agent_factory.hpp"
+#include "transport/auth.hpp"
 
 #include <tensorplay/rpc/device_map_exchange.hpp>
 
@@ -119,9 +120,15 @@ int local_cuda_device_count() {
 }
 
 Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket socket) {
-    auto c = co_await Connection::accept(std::move(socket), core->hello(), core->tuning.limits);
+    HandshakeAuth auth;
+    auth.key = core->auth_key;
+    auth.admit = [c = core.get()](const HelloInfo& peer) { return c->admit(peer); };  // (runs within this coroutine)
+    // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
+    auto accepting = Connection::accept(std::move(socket), core->hello(), core->tuning.limits, std::move(auth));
+    auto c = co_await std::move(accepting);
     if (!c) {
         --core->inbound_open;
+        // (The error names the peer's address and what it claimed; it never holds key or proof bytes.)
         if (core->state != AgentCore::State::closed)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" rejected a connection: " + c.error().to_string());
         co_return;
@@ -135,6 +142,12 @@ Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket
 }
 
 Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
+    // Peers are admitted against the roster, which start() reads after listening; a peer that is
+    // faster waits in the listen backlog until then (within its handshake timeout).
+    while (core->workers.empty() && core->state == AgentCore::State::starting) {
+        auto [ec] = co_await core->roster_known.async_wait(use_nothrow);
+        (void)ec;  // cancel() is the signal
+    }
     for (;;) {
         auto [ec, socket] = co_await core->acceptor.async_accept(use_nothrow);
         if (core->state == AgentCore::State::closed || !core->acceptor.is_open()) co_return;
@@ -169,6 +182,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
       acceptor(ex),
+      roster_known(ex, asio::steady_timer::time_point::max()),
       sweep_timer(ex) {
     slots = &SlotRegistry::of(ex);
     if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
@@ -206,6 +220,50 @@ HelloInfo AgentCore::hello() const {
     h.rank = self.id;
     return h;
 }
+
+Result<void> AgentCore::admit(const HelloInfo& peer) const {
+    // (Handlers are told the caller's name from its hello: it must be a member's, and with a key
+    // it is proven. The message goes to the peer and to this worker's log.)
+    if (workers.size() != static_cast<std::size_t>(world_size))
+        return fail(Errc::unauthorized, "the group's roster is not known yet");
+    if (peer.rank < 0 || peer.rank >= world_size)
+        return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " is not in the group of " +
+                                            std::to_string(world_size) + " workers (claimed by \"" + peer.name + "\")");
+    const std::string& member = workers[static_cast<std::size_t>(peer.rank)].name;
+    if (member != peer.name)
+        return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " of the group is worker \"" + member +
+                                            "\", not \"" + peer.name + "\"");
+    if (peer.rank == self.id)
+        return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " (worker \"" + member +
+                                            "\") is the worker connected to, not a peer of it");
+    return ok();
+}
+
+namespace {
+/// The group's shared key: options.auth_key, else the file named by options.auth_key_file or
+/// TP_RPC_AUTH_KEY_FILE, else TP_RPC_AUTH_KEY; empty: none. Errors name the source, never the key.
+Result<std::string> group_auth_key(const TensorPipeRpcBackendOptions* o) {
+    if (o && !o->auth_key.empty()) return o->auth_key;
+    std::string file = o ? o->auth_key_file : std::string();
+    std::string source = "auth_key_file";
+    if (file.empty())
+        if (const char* f = std::getenv("TP_RPC_AUTH_KEY_FILE"); f && *f) {
+            file = f;
+            source = "TP_RPC_AUTH_KEY_FILE";
+        }
+    if (!file.empty()) {
+        auto k = read_auth_key_file(file);
+        if (!k) return fail(std::move(k).error().context(source));
+        return k;
+    }
+    if (const char* k = std::getenv("TP_RPC_AUTH_KEY"); k && *k) {
+        if (std::strlen(k) > kMaxAuthKeyBytes)
+            return fail(Errc::invalid_argument, "TP_RPC_AUTH_KEY is longer than " + std::to_string(kMaxAuthKeyBytes) + " bytes");
+        return std::string(k);
+    }
+    return std::string();
+}
+}  // namespace
 
 Result<void> AgentCore::listen() {
     std::string want;
@@ -318,7 +376,17 @@ Task<Result<void>> AgentCore::start() {
     // Startup handlers go in before anyone can reach this worker.
     for (auto& h : startup_handlers())
         if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
+    if (auto k = group_auth_key(tp_options); !k) co_return fail(k.error());
+    else auth_key = std::move(*k);
     if (auto l = listen(); !l) co_return l;
+    if (auth_key.empty()) {
+        std::error_code ec;
+        if (auto local = acceptor.local_endpoint(ec); !ec && !local.address().is_loopback())
+            log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" listens on " + host + ":" + std::to_string(port) +
+                                           " without authentication: anyone who reaches it can call its handlers; set "
+                                           "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
+                                           "secret on every worker");
+    }
     asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + " of " +
                                    std::to_string(world_size) + ") listening on " + host + ":" + std::to_string(port));
@@ -358,6 +426,7 @@ Task<Result<void>> AgentCore::start() {
         peers[r].host = rec.host;
         peers[r].port = rec.port;
     }
+    roster_known.cancel();
     // The seed's exchange: every worker's maps checked as a static group, my reverse maps built.
     DeviceMaps my_maps;
     if (tp_options) my_maps = tp_options->device_maps;
@@ -449,6 +518,7 @@ void AgentCore::close_local(const Error& reason) {
     closed.store(true, std::memory_order_release);
     std::error_code ec;
     acceptor.close(ec);
+    roster_known.cancel();
     for (auto& p : peers) {
         fail_pending(p, nullptr, reason);
         if (p.conn) p.conn->close(reason);

@@ -49,6 +49,9 @@ Result<void> TensorPipeRpcBackendOptions::validate() const {
     if (num_worker_threads <= 0)
         return fail(Errc::invalid_argument,
                     "num_worker_threads must be positive, got " + std::to_string(num_worker_threads));
+    // (The same bound as a key file's; the key itself is never put in a message.)
+    if (auth_key.size() > 64 * 1024)
+        return fail(Errc::invalid_argument, "auth_key is " + std::to_string(auth_key.size()) + " bytes, over the limit of 65536");
     return ok();
 }
 

@@ -1,5 +1,6 @@
 // Connection: sends, one writer coroutine that gathers every queued frame into one async_write,
-// the handshake, and the public class. The reader is in connection_read.cpp.
+// and the public class. The reader is in connection_read.cpp, the handshake in
+// connection_handshake.cpp.
 #include <tensorplay/transport/connection.hpp>
 
 #include <tensorplay/core/log.hpp>
@@ -238,55 +239,6 @@ namespace {
 
 Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
 
-Task<Result<void>> write_all(asio::ip::tcp::socket& sock, Bytes bytes, std::string what) {
-    auto [ec, n] = co_await asio::async_write(sock, asio::buffer(bytes), use_nothrow);
-    if (ec) co_return fail(from_error_code(ec, what));
-    co_return ok();
-}
-
-Result<void> check_version(const HelloPrefix& p) {
-    if (p.version != kProtocolVersion)
-        return fail(Errc::protocol_error, "peer speaks protocol version " + std::to_string(p.version) +
-                                              ", this side speaks version " + std::to_string(kProtocolVersion));
-    return ok();
-}
-
-Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
-                                         HelloInfo local) {
-    std::error_code ec;
-    auto eps = co_await resolve_host(host, port);  // (a numeric host: at once; a name: see resolve.hpp)
-    if (!eps) co_return fail(eps.error());
-    {
-        auto [cec, ep] = co_await asio::async_connect(s->socket, *eps, use_nothrow);
-        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
-    }
-    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    s->endpoint = host + ":" + std::to_string(port);
-    if (auto w = co_await write_all(s->socket, encode_hello(local), "sending the handshake to " + s->endpoint); !w)
-        co_return fail(w.error());
-    if (auto r = co_await s->fill(kHelloPrefixSize); !r) co_return fail(r.error());
-    auto p = decode_hello_prefix({s->rbuf.data() + s->rbeg, kHelloPrefixSize});
-    if (!p) co_return fail(p.error());
-    s->rbeg += kHelloPrefixSize;
-    if (auto v = check_version(*p); !v) co_return fail(v.error());
-    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
-    co_return s->parse_hello_body(p->body_len);
-}
-
-Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local) {
-    if (auto r = co_await s->fill(kHelloPrefixSize); !r) co_return fail(r.error());
-    auto p = decode_hello_prefix({s->rbuf.data() + s->rbeg, kHelloPrefixSize});
-    if (!p) co_return fail(p.error());
-    s->rbeg += kHelloPrefixSize;
-    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
-    auto peer = s->parse_hello_body(p->body_len);
-    // Answer even on a version mismatch, so that the client can say which versions disagree.
-    if (auto w = co_await write_all(s->socket, encode_hello(local), "sending the handshake to " + s->endpoint); !w)
-        co_return fail(w.error());
-    if (auto v = check_version(*p); !v) co_return fail(v.error());
-    co_return peer;
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -307,11 +259,15 @@ Connection::~Connection() {
 }
 
 Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
-                                                              ConnectionLimits limits) {
+                                                              ConnectionLimits limits, HandshakeAuth auth) {
     auto ex = co_await asio::this_coro::executor;
     auto timeout = limits.handshake_timeout;
     auto s = std::make_shared<detail::ConnectionState>(asio::ip::tcp::socket(ex), std::move(limits));
-    auto peer = co_await with_timeout(detail::client_handshake(s, host, port, std::move(local)), timeout);
+    // (The handshake finds `auth` in the state: GCC 12 mis-destroyed it as a coroutine argument.)
+    s->auth = std::move(auth);
+    auto handshake = detail::client_handshake(s, host, port, std::move(local));
+    auto peer = co_await with_timeout(std::move(handshake), timeout);
+    s->auth = HandshakeAuth{};
     if (!peer) {
         s->close(std::nullopt);
         co_return fail(std::move(peer).error().context("connecting to " + host + ":" + std::to_string(port)));
@@ -323,14 +279,17 @@ Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, 
 }
 
 Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
-                                                             ConnectionLimits limits) {
+                                                             ConnectionLimits limits, HandshakeAuth auth) {
     auto timeout = limits.handshake_timeout;
     auto s = std::make_shared<detail::ConnectionState>(std::move(socket), std::move(limits));
     std::error_code ec;
     s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
     auto ep = s->socket.remote_endpoint(ec);
     if (!ec) s->endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
-    auto peer = co_await with_timeout(detail::server_handshake(s, std::move(local)), timeout);
+    s->auth = std::move(auth);
+    auto handshake = detail::server_handshake(s, std::move(local));
+    auto peer = co_await with_timeout(std::move(handshake), timeout);
+    s->auth = HandshakeAuth{};  // (the key and the admit check are not kept past the handshake)
     if (!peer) {
         s->close(std::nullopt);
         co_return fail(std::move(peer).error().context("handshake with " + s->endpoint));
@@ -339,6 +298,16 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
     s->allocator = detail::default_allocate;
     detail::start_connection(s);
     co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
+                                                              ConnectionLimits limits) {
+    return connect(std::move(host), port, std::move(local), std::move(limits), HandshakeAuth{});
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
+                                                             ConnectionLimits limits) {
+    return accept(std::move(socket), std::move(local), std::move(limits), HandshakeAuth{});
 }
 
 const HelloInfo& Connection::peer() const noexcept { return state_->peer; }

@@ -296,7 +296,7 @@ Task<Result<void>> ConnectionState::read_payload(Frame& f, std::size_t len, std:
     co_return ok();
 }
 
-Result<HelloInfo> ConnectionState::parse_hello_body(std::size_t len) {
+Result<Hello> ConnectionState::parse_hello_body(std::size_t len) {
     auto h = decode_hello_body({rbuf.data() + rbeg, len}, limits);
     rbeg += len;
     return h;

@@ -71,6 +71,7 @@ struct ConnectionState {
     asio::ip::tcp::socket socket;
     ConnectionLimits limits;
     HelloInfo peer;
+    HandshakeAuth auth;  ///< during the handshake only
     std::string endpoint;
     TensorAllocator allocator;
 
@@ -179,8 +180,16 @@ struct ConnectionState {
     Task<Result<void>> read_payload(Frame& f, std::size_t len, std::size_t& held);
 
     /// Decodes (and consumes) a buffered handshake body of `len` bytes.
-    Result<HelloInfo> parse_hello_body(std::size_t len);
+    Result<Hello> parse_hello_body(std::size_t len);
 };
+
+/// The client's side of the handshake (connection_handshake.cpp): connects `s`'s socket, then
+/// hellos and, with a key, the challenge-response. The server's introduction, or why not.
+/// With `s->auth`.
+Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
+                                         HelloInfo local);
+/// The server's side on an accepted socket: the client's introduction once it is admitted.
+Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local);
 
 /// A connection's reader in dispatch mode (Connection::dispatch_to), run by the socket reads of
 /// one RearmedRead. It hands every whole frame in the buffer to the sink, then starts the next

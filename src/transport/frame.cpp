@@ -12,6 +12,7 @@ namespace tensorplay::detail {
 namespace {
 
 constexpr std::uint8_t kMaxDType = static_cast<std::uint8_t>(DType::boolean);
+constexpr std::size_t kProofBytes = 32;
 
 Device get_device(WireReader& r, std::string_view what) {
     auto type = r.u8();
@@ -194,16 +195,29 @@ Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const C
     return m;
 }
 
-Bytes encode_hello(const HelloInfo& hello, std::uint32_t magic, std::uint16_t version) {
+Bytes encode_hello(const Hello& hello, std::uint32_t magic, std::uint16_t version) {
     WireWriter w;
     w.u32(magic).u16(version).u16(0).u32(0);
-    w.str32(hello.name).i32(hello.rank);
-    w.u32(static_cast<std::uint32_t>(hello.transports.size()));
-    for (auto& t : hello.transports) w.str32(t);
-    w.u32(static_cast<std::uint32_t>(hello.channels.size()));
-    for (auto& c : hello.channels) w.str32(c);
+    w.str32(hello.info.name).i32(hello.info.rank);
+    w.u32(static_cast<std::uint32_t>(hello.info.transports.size()));
+    for (auto& t : hello.info.transports) w.str32(t);
+    w.u32(static_cast<std::uint32_t>(hello.info.channels.size()));
+    for (auto& c : hello.info.channels) w.str32(c);
+    w.u8(static_cast<std::uint8_t>(hello.auth));
+    if (hello.auth == HelloAuth::hmac_sha256) w.raw(hello.nonce);
+    w.u8(static_cast<std::uint8_t>(hello.step));
+    if (hello.step == HelloStep::refused)
+        w.str32(std::string_view(hello.reason).substr(0, kMaxRefusalReason));
+    else if (hello.step == HelloStep::proof)
+        w.raw(hello.proof);
     w.patch_u32(8, static_cast<std::uint32_t>(w.size() - kHelloPrefixSize));
     return std::move(w).take();
+}
+
+Bytes encode_hello(const HelloInfo& hello, std::uint32_t magic, std::uint16_t version) {
+    Hello h;
+    h.info = hello;
+    return encode_hello(h, magic, version);
 }
 
 Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes) {
@@ -225,9 +239,10 @@ Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes) {
     return p;
 }
 
-Result<HelloInfo> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
+Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
     WireReader r(bytes);
-    HelloInfo h;
+    Hello hello;
+    HelloInfo& h = hello.info;
     h.name = std::string(r.str32(limits.max_name_len, "worker name"));
     h.rank = r.i32();
     h.transports.clear();
@@ -238,8 +253,76 @@ Result<HelloInfo> decode_hello_body(std::span<const std::uint8_t> bytes, const C
     auto nc = r.u32();
     if (nc > 64) return fail(Errc::protocol_error, "handshake lists " + std::to_string(nc) + " channels (limit 64)");
     for (std::uint32_t i = 0; i < nc && !r.failed(); ++i) h.channels.emplace_back(r.str32(256, "channel name"));
+    const auto auth = r.u8();
+    if (!r.failed() && auth > kMaxHelloAuth)
+        return fail(Errc::protocol_error, "handshake names unknown authentication method " + std::to_string(auth));
+    hello.auth = static_cast<HelloAuth>(auth);
+    if (hello.auth == HelloAuth::hmac_sha256) {
+        auto n = r.raw(hello.nonce.size(), "handshake nonce");
+        if (!r.failed()) std::memcpy(hello.nonce.data(), n.data(), n.size());
+    }
+    const auto step = r.u8();
+    if (!r.failed() && step > kMaxHelloStep)
+        return fail(Errc::protocol_error, "handshake names unknown step " + std::to_string(step));
+    hello.step = static_cast<HelloStep>(step);
+    if (hello.step == HelloStep::refused) {
+        hello.reason = std::string(r.str32(kMaxRefusalReason, "refusal reason"));
+    } else if (hello.step == HelloStep::proof) {
+        if (hello.auth != HelloAuth::hmac_sha256)
+            return fail(Errc::protocol_error, "handshake carries a proof without naming an authentication method");
+        auto p = r.raw(hello.proof.size(), "handshake proof");
+        if (!r.failed()) std::memcpy(hello.proof.data(), p.data(), p.size());
+    }
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding the handshake"));
-    return h;
+    return hello;
+}
+
+Bytes encode_auth_record(const AuthRecord& record) {
+    WireWriter w;
+    const std::string_view reason = std::string_view(record.reason).substr(0, kMaxRefusalReason);
+    const std::size_t len = record.kind == AuthRecordKind::proof     ? record.proof.size()
+                            : record.kind == AuthRecordKind::refused ? reason.size()
+                                                                     : 0;
+    w.u8(static_cast<std::uint8_t>(record.kind)).u8(0).u16(static_cast<std::uint16_t>(len));
+    if (record.kind == AuthRecordKind::proof) w.raw(record.proof);
+    if (record.kind == AuthRecordKind::refused) w.raw(reason);
+    return std::move(w).take();
+}
+
+Result<std::size_t> decode_auth_record_header(std::span<const std::uint8_t> header) {
+    if (header.size() < kAuthRecordHeaderSize)
+        return fail(Errc::protocol_error, "handshake record header of " + std::to_string(header.size()) + " bytes");
+    const auto kind = header[0];
+    const std::size_t len = load_le<std::uint16_t>(header.data() + 2);
+    switch (kind) {
+    case static_cast<std::uint8_t>(AuthRecordKind::proof):
+        if (len != kProofBytes) break;
+        return len;
+    case static_cast<std::uint8_t>(AuthRecordKind::accepted):
+        if (len != 0) break;
+        return len;
+    case static_cast<std::uint8_t>(AuthRecordKind::refused):
+        if (len > kMaxRefusalReason) break;
+        return len;
+    default:
+        return fail(Errc::protocol_error, "unknown handshake record kind " + std::to_string(kind));
+    }
+    return fail(Errc::protocol_error, "handshake record of kind " + std::to_string(kind) + " announces " +
+                                          std::to_string(len) + " bytes");
+}
+
+Result<AuthRecord> decode_auth_record(std::span<const std::uint8_t> bytes) {
+    auto len = decode_auth_record_header(bytes);
+    if (!len) return fail(len.error());
+    if (bytes.size() != kAuthRecordHeaderSize + *len)
+        return fail(Errc::protocol_error, "handshake record of " + std::to_string(bytes.size()) + " bytes, announced " +
+                                              std::to_string(kAuthRecordHeaderSize + *len));
+    AuthRecord rec;
+    rec.kind = static_cast<AuthRecordKind>(bytes[0]);
+    const auto body = bytes.subspan(kAuthRecordHeaderSize);
+    if (rec.kind == AuthRecordKind::proof) std::memcpy(rec.proof.data(), body.data(), body.size());
+    if (rec.kind == AuthRecordKind::refused) rec.reason.assign(reinterpret_cast<const char*>(body.data()), body.size());
+    return rec;
 }
 
 }  // namespace tensorplay::detail

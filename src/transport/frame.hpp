@@ -58,6 +58,36 @@ struct FrameParts {
 [[nodiscard]] bool peek_frame_header(const std::uint8_t* p, const ConnectionLimits& limits, FrameHeader& h) noexcept;
 [[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 
+/// How a hello's sender authenticates (docs/protocol.md, "Handshake").
+enum class HelloAuth : std::uint8_t {
+    none = 0,         ///< no shared key
+    hmac_sha256 = 1,  ///< a nonce follows; proofs are HMAC-SHA256 over the transcript
+};
+/// Where the handshake stands after a hello (a client always sends `done`).
+enum class HelloStep : std::uint8_t {
+    done = 0,     ///< from the server: the client is admitted, frames follow
+    proof = 1,    ///< from the server: its proof follows; the client answers with an AuthRecord
+    refused = 2,  ///< from the server: a reason follows, then the connection closes
+};
+inline constexpr std::uint8_t kMaxHelloAuth = 1;
+inline constexpr std::uint8_t kMaxHelloStep = 2;
+/// The longest refusal reason on the wire.
+inline constexpr std::size_t kMaxRefusalReason = 1024;
+
+/// A hello as it is on the wire: what the side says about itself, then (version 2) how it
+/// authenticates and, from the server, the step the handshake is at.
+struct Hello {
+    HelloInfo info;
+    HelloAuth auth = HelloAuth::none;
+    std::array<std::uint8_t, 32> nonce{};  ///< when auth is hmac_sha256
+    HelloStep step = HelloStep::done;
+    std::string reason;                    ///< when step is refused
+    std::array<std::uint8_t, 32> proof{};  ///< when step is proof
+};
+
+[[nodiscard]] Bytes encode_hello(const Hello& hello, std::uint32_t magic = kProtocolMagic,
+                                 std::uint16_t version = kProtocolVersion);
+/// A hello without authentication that admits (from a server) or asks (from a client).
 [[nodiscard]] Bytes encode_hello(const HelloInfo& hello, std::uint32_t magic = kProtocolMagic,
                                  std::uint16_t version = kProtocolVersion);
 struct HelloPrefix {
@@ -66,6 +96,23 @@ struct HelloPrefix {
     std::uint32_t body_len = 0;
 };
 [[nodiscard]] Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes);
-[[nodiscard]] Result<HelloInfo> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+/// Decodes a version-2 hello body. Errc::protocol_error for anything malformed or unknown.
+[[nodiscard]] Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+
+/// What follows the hellos in an authenticated handshake: the client's proof (or its refusal of
+/// the server's), then the server's verdict. Header: u8 kind, u8 0, u16 body length.
+enum class AuthRecordKind : std::uint8_t { proof = 1, accepted = 2, refused = 3 };
+inline constexpr std::size_t kAuthRecordHeaderSize = 4;
+struct AuthRecord {
+    AuthRecordKind kind = AuthRecordKind::accepted;
+    std::array<std::uint8_t, 32> proof{};  ///< kind proof
+    std::string reason;                    ///< kind refused
+};
+[[nodiscard]] Bytes encode_auth_record(const AuthRecord& record);
+/// The body length the header at `header` (kAuthRecordHeaderSize bytes) announces, checked
+/// against its kind (a proof: 32 bytes; accepted: 0; refused: at most kMaxRefusalReason).
+[[nodiscard]] Result<std::size_t> decode_auth_record_header(std::span<const std::uint8_t> header);
+/// Decodes a whole record (header and body).
+[[nodiscard]] Result<AuthRecord> decode_auth_record(std::span<const std::uint8_t> bytes);
 
 }  // namespace tensorplay::detail

@@ -94,10 +94,11 @@ HelloInfo named(std::string name, int rank) {
     return h;
 }
 
-/// A raw socket that introduced itself to the agent at `address` and read its answer.
+/// A raw socket that introduced itself to the agent at `address` (worker1's: an agent admits only
+/// another member of its group) as worker0, and read its answer.
 Task<asio::ip::tcp::socket> raw_handshaken(const std::string& address) {
     auto s = co_await raw_connect(address);
-    co_await send_raw(s, detail::encode_hello(named("intruder", 99)));
+    co_await send_raw(s, detail::encode_hello(named("worker0", 0)));
     co_await read_hello(s);
     co_return s;
 }
@@ -306,8 +307,8 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
         detail::NativeAgentTuning tuning;
         tuning.limits.handshake_timeout = 200ms;
         tuning.limits.frame_timeout = 200ms;
-        auto g = co_await make_tuned_group(1, tuning);
-        const auto addr = g[0]->listen_address();
+        auto g = co_await make_tuned_group(2, tuning);
+        const auto addr = g[1]->listen_address();
 
         auto silent = co_await raw_connect(addr);
         auto t0 = Clock::now();

@@ -51,6 +51,14 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     std::optional<std::vector<std::string>> channels;
     /// Address the agent listens on ("host", "host:port", "unix:/path"); empty: chosen automatically.
     std::string listen_address;
+    /// The group's shared secret (any bytes, at most 64 KiB): every connection then proves on both
+    /// sides that it holds it, and a worker without it is refused (Errc::unauthorized). Empty: the
+    /// file named by auth_key_file or TP_RPC_AUTH_KEY_FILE, else the TP_RPC_AUTH_KEY variable, else
+    /// no authentication. Every worker of a group must use the same key. Never logged.
+    std::string auth_key;
+    /// A file holding the shared secret (read at init, trailing newlines dropped), when auth_key
+    /// is empty; empty: TP_RPC_AUTH_KEY_FILE. A file that cannot be read fails init.
+    std::string auth_key_file;
 
     TensorPipeRpcBackendOptions() = default;
     TensorPipeRpcBackendOptions(double rpc_timeout, std::string init_method,
@@ -63,7 +71,8 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Replaces devices. Checked against the device count when the backend starts.
     void set_devices(std::vector<Device> devices);
 
-    /// The base checks plus num_worker_threads > 0 (Errc::invalid_argument otherwise).
+    /// The base checks plus num_worker_threads > 0 and auth_key at most 64 KiB
+    /// (Errc::invalid_argument otherwise).
     [[nodiscard]] Result<void> validate() const override;
 };
 

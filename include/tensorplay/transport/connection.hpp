@@ -23,9 +23,10 @@
 
 namespace tensorplay {
 
-/// Protocol constants: every connection starts with this magic and version.
+/// Protocol constants: every connection starts with this magic and version (2: the handshake
+/// carries authentication and the server's verdict; version 1 peers are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
@@ -75,6 +76,19 @@ struct HelloInfo {
     int rank = -1;
     std::vector<std::string> transports{"tcp"};
     std::vector<std::string> channels{"basic"};
+};
+
+/// How a handshake authenticates the peer and whom the accepting side admits (docs/protocol.md,
+/// "Handshake").
+struct HandshakeAuth {
+    /// The group's shared secret (any bytes); empty: none. With one, both sides prove that they
+    /// hold it (HMAC-SHA256 over the handshake, fresh nonces each side); a side without one, or
+    /// with another, is refused with Errc::unauthorized. Never logged nor sent.
+    std::string key;
+    /// Accepting side: whether the peer, as it introduced itself (and proved, with a key), may
+    /// connect; an error refuses it, and its message is sent to the peer as the reason. Null:
+    /// everyone. Called on the connection's executor.
+    std::function<Result<void>(const HelloInfo& peer)> admit;
 };
 
 /// What a frame is.
@@ -158,10 +172,21 @@ public:
     Connection& operator=(const Connection&) = delete;
 
     /// Connects to `host:port` and runs the handshake (bounded by limits.handshake_timeout).
-    /// Errors: connection_lost / io_error (connect), protocol_error (bad magic or version), timeout.
+    /// Errors: connection_lost / io_error (connect), protocol_error (bad magic or version),
+    /// unauthorized (a key on one side only, different keys, or the server refused us), timeout.
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(std::string host, std::uint16_t port,
+                                                                          HelloInfo local, ConnectionLimits limits,
+                                                                          HandshakeAuth auth);
+    /// As connect() without a key. (An overload, not a default argument: GCC 12 copies a
+    /// coroutine's defaulted class-type argument bitwise.)
     [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(std::string host, std::uint16_t port,
                                                                           HelloInfo local, ConnectionLimits limits = {});
-    /// Runs the server side of the handshake on an accepted socket (bounded by the timeout).
+    /// Runs the server side of the handshake on an accepted socket (bounded by the timeout). A
+    /// peer refused (unauthorized: see HandshakeAuth) is told why and closed; nothing it sent
+    /// after its hello is read as a frame.
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
+                                                                         ConnectionLimits limits, HandshakeAuth auth);
+    /// As accept() without a key, admitting everyone.
     [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
                                                                          ConnectionLimits limits = {});
 

@@ -1,0 +1,59 @@
+// Peer authentication for the handshake (private): nonces, HMAC-SHA256 proofs over the handshake's
+// transcript, constant-time comparison, all from OpenSSL's libcrypto; and reading a key file.
+#pragma once
+
+#include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/transport/connection.hpp>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace tensorplay::detail {
+
+inline constexpr std::size_t kNonceSize = 32;
+inline constexpr std::size_t kProofSize = 32;  ///< an HMAC-SHA256
+/// The longest shared key accepted (an option, a variable or a file): a larger "key file" is
+/// more likely the wrong file than a key.
+inline constexpr std::size_t kMaxAuthKeyBytes = 64 * 1024;
+
+using Nonce = std::array<std::uint8_t, kNonceSize>;
+using Proof = std::array<std::uint8_t, kProofSize>;
+
+/// A fresh nonce from the operating system's generator (RAND_bytes). Errc::io_error when it fails.
+[[nodiscard]] Result<Nonce> make_nonce();
+
+/// HMAC-SHA256 of `data` under `key`. Errc::io_error when libcrypto fails.
+[[nodiscard]] Result<Proof> hmac_sha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> data);
+
+/// Whether two proofs are equal, in time independent of where they differ (CRYPTO_memcmp).
+[[nodiscard]] bool same_proof(const Proof& a, const Proof& b) noexcept;
+
+/// Whose proof a transcript is for: the label keeps one side's proof from serving as the other's.
+enum class ProofBy : std::uint8_t { client = 1, server = 2 };
+
+/// What both sides said in the handshake, as each proof covers it (docs/protocol.md, "Handshake").
+struct Transcript {
+    std::uint16_t version = kProtocolVersion;
+    const HelloInfo* client = nullptr;
+    const HelloInfo* server = nullptr;
+    Nonce client_nonce{};
+    Nonce server_nonce{};
+};
+
+/// The bytes a proof is computed over: a fixed context, the direction label, the version, each
+/// side's name, rank, transports and channels (the negotiation's inputs), and both nonces.
+[[nodiscard]] Bytes transcript_bytes(const Transcript& t, ProofBy by);
+
+/// HMAC-SHA256 under `key` of the transcript for `by`'s proof.
+[[nodiscard]] Result<Proof> handshake_proof(std::string_view key, const Transcript& t, ProofBy by);
+
+/// Reads a shared key from `path`: the whole file, less trailing newlines (as `$(cat file)` gives
+/// it). Errc::invalid_argument naming the file (never its bytes) when it cannot be read, is empty
+/// or is larger than kMaxAuthKeyBytes.
+[[nodiscard]] Result<std::string> read_auth_key_file(const std::string& path);
+
+}  // namespace tensorplay::detail

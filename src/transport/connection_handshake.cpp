@@ -1,0 +1,253 @@
+// Connection: the handshake, both sides (docs/protocol.md, "Handshake"): hellos, the version
+// check, and with a shared key the mutual challenge-response; then the server's verdict.
+#include <tensorplay/transport/connection.hpp>
+
+#include "core/asio_compat.hpp"
+#include "core/resolve.hpp"
+#include "transport/auth.hpp"
+#include "transport/connection_state.hpp"
+
+#include <asio/connect.hpp>
+#include <asio/write.hpp>
+
+namespace tensorplay::detail {
+
+// The exchange (each arrow one write; the server answers every hello, even a refused one, so
+// that the client learns why):
+//
+//   without a key on either side        with a key on both sides
+//   C -> S  hello (auth none)            C -> S  hello (auth hmac, client nonce)
+//   S -> C  hello (done | refused)       S -> C  hello (server nonce, proof | refused)
+//                                        C -> S  record (proof | refused)
+//                                        S -> C  record (accepted | refused)
+//
+// A key on one side only is refused by the server (and by the client, should a server admit it).
+// Each proof is an HMAC-SHA256 under the key of the transcript (both hellos' identities, both
+// nonces) and a direction label, so that neither side's proof serves as the other's and a
+// recorded client's proof fails against the server's next nonce. Refusal reasons are written for
+// the client's error message ("we" is the client); nothing secret is ever put in a message.
+
+namespace {
+
+/// Writes `bytes` whole. (References, not values: a coroutine's by-value argument built inside a
+/// co_await expression is destroyed twice by GCC 12; callers pass named locals.)
+Task<Result<void>> write_all(ConnectionState& s, const Bytes& bytes) {
+    auto [ec, n] = co_await asio::async_write(s.socket, asio::buffer(bytes), use_nothrow);
+    if (ec) co_return fail(from_error_code(ec, "sending the handshake to " + s.endpoint));
+    co_return ok();
+}
+
+Result<void> check_version(const HelloPrefix& p) {
+    if (p.version != kProtocolVersion)
+        return fail(Errc::protocol_error, "peer speaks protocol version " + std::to_string(p.version) +
+                                              ", this side speaks version " + std::to_string(kProtocolVersion) +
+                                              " (run the same tensorplay-rpc release on every worker)");
+    return ok();
+}
+
+/// "peer "name" (rank r) at ip:port": a server's words for a client not yet admitted.
+std::string claimed(const HelloInfo& h, const std::string& endpoint) {
+    return "peer \"" + h.name + "\" (rank " + std::to_string(h.rank) + ") at " + endpoint;
+}
+
+/// Reads a hello's prefix (checking its magic and length, not its version) off the socket.
+Task<Result<HelloPrefix>> read_prefix(ConnectionState& s) {
+    if (auto r = co_await s.fill(kHelloPrefixSize); !r) co_return fail(r.error());
+    auto p = decode_hello_prefix({s.rbuf.data() + s.rbeg, kHelloPrefixSize});
+    if (!p) co_return fail(p.error());
+    s.rbeg += kHelloPrefixSize;
+    co_return *p;
+}
+
+/// Reads one handshake record (header, then the body it announces, both bounded).
+Task<Result<AuthRecord>> read_record(ConnectionState& s) {
+    if (auto r = co_await s.fill(kAuthRecordHeaderSize); !r) co_return fail(r.error());
+    auto len = decode_auth_record_header({s.rbuf.data() + s.rbeg, kAuthRecordHeaderSize});
+    if (!len) co_return fail(len.error());
+    const std::size_t total = kAuthRecordHeaderSize + *len;
+    if (auto r = co_await s.fill(total); !r) co_return fail(r.error());
+    auto rec = decode_auth_record({s.rbuf.data() + s.rbeg, total});
+    s.rbeg += total;
+    co_return rec;
+}
+
+Task<Result<void>> send_record(ConnectionState& s, AuthRecordKind kind, const std::string& reason) {
+    AuthRecord rec;
+    rec.kind = kind;
+    rec.reason = reason;
+    const Bytes out = encode_auth_record(rec);
+    co_return co_await write_all(s, out);
+}
+
+/// Answers a hello with a refusal (`mine` with step refused): every refusal answers first, so
+/// that the client can say what went wrong.
+Task<void> refuse(ConnectionState& s, Hello& mine, const std::string& reason) {
+    mine.step = HelloStep::refused;
+    mine.reason = reason;
+    const Bytes out = encode_hello(mine);
+    (void)co_await write_all(s, out);
+}
+
+}  // namespace
+
+Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
+                                         HelloInfo local) {
+    const HandshakeAuth& auth = s->auth;
+    std::error_code ec;
+    auto eps = co_await resolve_host(host, port);  // (a numeric host: at once; a name: see resolve.hpp)
+    if (!eps) co_return fail(eps.error());
+    {
+        auto [cec, ep] = co_await asio::async_connect(s->socket, *eps, use_nothrow);
+        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
+    }
+    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    s->endpoint = host + ":" + std::to_string(port);
+    const bool keyed = !auth.key.empty();
+    Hello mine;
+    mine.info = std::move(local);
+    if (keyed) {
+        auto n = make_nonce();
+        if (!n) co_return fail(n.error());
+        mine.auth = HelloAuth::hmac_sha256;
+        mine.nonce = *n;
+    }
+    const Bytes hello = encode_hello(mine);
+    if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
+    auto p = co_await read_prefix(*s);
+    if (!p) co_return fail(p.error());
+    if (auto v = check_version(*p); !v) co_return fail(v.error());
+    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
+    auto theirs = s->parse_hello_body(p->body_len);
+    if (!theirs) co_return fail(theirs.error());
+    const std::string who = "worker \"" + theirs->info.name + "\" at " + s->endpoint;
+    switch (theirs->step) {
+    case HelloStep::refused:
+        co_return fail(Errc::unauthorized, who + " refused the connection: " + theirs->reason, theirs->info.name);
+    case HelloStep::done:
+        if (keyed)
+            co_return fail(Errc::unauthorized,
+                           who + " does not authenticate (it has no shared key) and we have one: set the same "
+                                 "TP_RPC_AUTH_KEY on every worker, or on none",
+                           theirs->info.name);
+        co_return std::move(theirs->info);
+    case HelloStep::proof:
+        break;
+    }
+    if (!keyed)
+        co_return fail(Errc::unauthorized,
+                       who + " requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
+                             "TP_RPC_AUTH_KEY_FILE) on every worker",
+                       theirs->info.name);
+    const Transcript t{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce};
+    auto expected = handshake_proof(auth.key, t, ProofBy::server);
+    if (!expected) co_return fail(expected.error());
+    if (!same_proof(*expected, theirs->proof)) {
+        // Tell the server, so that its log names the problem too; the connection ends either way.
+        const std::string why = "it sent a wrong proof of the shared key: do both sides use the same TP_RPC_AUTH_KEY?";
+        (void)co_await send_record(*s, AuthRecordKind::refused, why);
+        co_return fail(Errc::unauthorized,
+                       who + " sent a wrong proof of the shared key: do both sides use the same TP_RPC_AUTH_KEY?",
+                       theirs->info.name);
+    }
+    auto ours = handshake_proof(auth.key, t, ProofBy::client);
+    if (!ours) co_return fail(ours.error());
+    AuthRecord proof;
+    proof.kind = AuthRecordKind::proof;
+    proof.proof = *ours;
+    const Bytes record = encode_auth_record(proof);
+    if (auto w = co_await write_all(*s, record); !w) co_return fail(w.error());
+    auto verdict = co_await read_record(*s);
+    if (!verdict) co_return fail(verdict.error());
+    if (verdict->kind == AuthRecordKind::refused)
+        co_return fail(Errc::unauthorized, who + " refused the connection: " + verdict->reason, theirs->info.name);
+    if (verdict->kind != AuthRecordKind::accepted)
+        co_return fail(Errc::protocol_error, who + " answered our proof with another proof");
+    co_return std::move(theirs->info);
+}
+
+Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local) {
+    const HandshakeAuth& auth = s->auth;
+    auto p = co_await read_prefix(*s);
+    if (!p) co_return fail(p.error());
+    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
+    // (A hello of another version is not decoded: only its prefix is known to be readable.)
+    Hello mine;
+    mine.info = std::move(local);
+    if (auto v = check_version(*p); !v) {
+        const std::string why = "it speaks protocol version " + std::to_string(kProtocolVersion);
+        co_await refuse(*s, mine, why);
+        co_return fail(v.error());
+    }
+    auto theirs = s->parse_hello_body(p->body_len);
+    if (!theirs) {
+        const std::string why = "it could not decode our hello: " + theirs.error().message();
+        co_await refuse(*s, mine, why);
+        co_return fail(theirs.error());
+    }
+    const std::string peer = claimed(theirs->info, s->endpoint);
+    if (theirs->step != HelloStep::done) {
+        const std::string why = "our hello names a server's step";
+        co_await refuse(*s, mine, why);
+        co_return fail(Errc::protocol_error, peer + " sent a hello with a server's step");
+    }
+    const bool keyed = !auth.key.empty();
+    if (keyed && theirs->auth == HelloAuth::none) {
+        const std::string why = "it requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
+                                "TP_RPC_AUTH_KEY_FILE) on every worker";
+        co_await refuse(*s, mine, why);
+        co_return fail(Errc::unauthorized, peer + " has no shared key and this worker requires one: set the same "
+                                                  "TP_RPC_AUTH_KEY on every worker");
+    }
+    if (!keyed && theirs->auth != HelloAuth::none) {
+        const std::string why = "it has no shared key and we have one: set the same TP_RPC_AUTH_KEY on every worker, or on none";
+        co_await refuse(*s, mine, why);
+        co_return fail(Errc::unauthorized, peer + " authenticates with a shared key and this worker has none: set the "
+                                                  "same TP_RPC_AUTH_KEY on every worker, or on none");
+    }
+    if (!keyed) {
+        if (auth.admit)
+            if (auto a = auth.admit(theirs->info); !a) {
+                co_await refuse(*s, mine, a.error().message());
+                co_return fail(Errc::unauthorized, peer + " is refused: " + a.error().message());
+            }
+        const Bytes hello = encode_hello(mine);
+        if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
+        co_return std::move(theirs->info);
+    }
+    auto n = make_nonce();
+    if (!n) co_return fail(n.error());
+    mine.auth = HelloAuth::hmac_sha256;
+    mine.nonce = *n;
+    const Transcript t{kProtocolVersion, &theirs->info, &mine.info, theirs->nonce, mine.nonce};
+    auto ours = handshake_proof(auth.key, t, ProofBy::server);
+    if (!ours) co_return fail(ours.error());
+    mine.step = HelloStep::proof;
+    mine.proof = *ours;
+    const Bytes hello = encode_hello(mine);
+    if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
+    auto answer = co_await read_record(*s);
+    if (!answer) co_return fail(answer.error());
+    if (answer->kind == AuthRecordKind::refused)
+        co_return fail(Errc::unauthorized,
+                       peer + " rejected our proof of the shared key: do both sides use the same TP_RPC_AUTH_KEY?");
+    if (answer->kind != AuthRecordKind::proof)
+        co_return fail(Errc::protocol_error, peer + " answered our proof with a verdict");
+    auto expected = handshake_proof(auth.key, t, ProofBy::client);
+    if (!expected) co_return fail(expected.error());
+    if (!same_proof(*expected, answer->proof)) {
+        const std::string why = "our proof of the shared key is wrong: do both sides use the same TP_RPC_AUTH_KEY?";
+        (void)co_await send_record(*s, AuthRecordKind::refused, why);
+        co_return fail(Errc::unauthorized,
+                       peer + " sent a wrong proof of the shared key: do both sides use the same TP_RPC_AUTH_KEY?");
+    }
+    if (auth.admit)
+        if (auto a = auth.admit(theirs->info); !a) {
+            (void)co_await send_record(*s, AuthRecordKind::refused, a.error().message());
+            co_return fail(Errc::unauthorized, peer + " is refused: " + a.error().message());
+        }
+    const std::string none;
+    if (auto w = co_await send_record(*s, AuthRecordKind::accepted, none); !w) co_return fail(w.error());
+    co_return std::move(theirs->info);
+}
+
+}  // namespace tensorplay::detail
