@@ -71,8 +71,10 @@ exec 7>"$dir/in0" 8>"$dir/in1"
 # wait_for FILE PATTERN COUNT SECONDS: until FILE has COUNT lines matching PATTERN.
 wait_for() {
     local deadline=$((SECONDS + $4))
-    while [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -lt "$3" ]; do
+    local n
+    while n=$(grep -c -- "$2" "$1" 2>/dev/null); [ "${n:-0}" -lt "$3" ]; do
         [ $SECONDS -lt $deadline ] || fail "no \"$2\" (#$3) from $1 within $4 s"
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a worker exited early (waiting for \"$2\")"; done
         sleep 0.05
     done
 }
