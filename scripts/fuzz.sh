@@ -28,7 +28,7 @@ printf '%s\n' "${harnesses[@]}" | xargs -P "${TP_FUZZ_JOBS:-2}" -I{} bash -c 'ru
 
 total=0
 for h in "${harnesses[@]}"; do
-  n=$(sed -n 's/^stat::number_executed_units: *//p' "$logs/$h.log" | tail -1)
+  n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$h.log" | tail -1)
   verdict=ok
   grep -q -E '^(SUMMARY|==[0-9]+== ?ERROR)|fuzz invariant failed' "$logs/$h.log" && verdict="FINDING (see $logs/$h.log)"
   printf '%-14s %12s executions  %s\n' "$h" "${n:-?}" "$verdict"

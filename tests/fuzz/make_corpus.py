@@ -155,6 +155,9 @@ write("typed_codec", {
     "args_vec_map": u8(18) + typed("(vec<str>,map<str,f64>)", vec(["a"], str64) + vec([("k", 0.5)], lambda kv: str64(kv[0]) + f64(kv[1]))),
     "args_pair": u8(19) + typed("(pair<vec<i32>,str>)", vec([1, 2], i32) + str64("s")),
     "reply_pair": u8(19) + typed("pair<vec<i32>,str>", vec([1, 2], i32) + str64("s")),
+    # Regression: a vec<str> claiming 4000 elements in 4000 bytes reserved 4000 strings (128 KB)
+    # before reading the first (the fix reserves what the bytes left could hold).
+    "regress_vec_str_claimed_count": u8(10) + u64(4000) + b"\x01" * 4000,
 })
 
 # ---- the store server: a byte of options (bit 0: small limits), then operations; an operation
