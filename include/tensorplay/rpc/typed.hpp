@@ -10,6 +10,7 @@
 #include <tensorplay/rpc/agent.hpp>
 #include <tensorplay/rpc/startup.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <concepts>
 #include <cstdint>
@@ -162,7 +163,10 @@ struct Codec<std::vector<T, A>> {
             out.resize(n);
             if (n != 0) std::memcpy(out.data(), raw.data(), raw.size());
         } else {
-            out.reserve(n);
+            // No more than the bytes left could hold: an element larger in memory than its least
+            // encoding (a string: 32 bytes for 8) would let a claimed count reserve a multiple of
+            // the input; past that, the vector grows as elements actually decode.
+            out.reserve(std::min<std::uint64_t>(n, r.remaining() / sizeof(T)));
             for (std::uint64_t i = 0; i < n; ++i) {
                 auto e = Codec<T>::decode(r, tensors);
                 if (!e) return fail(std::move(e).error().context("vector element " + std::to_string(i)));
