@@ -347,7 +347,9 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
             if (!names.empty()) names += ", ";
             names += "\"" + workers[r].name + "\"";
         }
-        last_missing = names;
+        // The store may be gone at this point (its host gave up first): keep the last names found.
+        if (!names.empty()) last_missing = names;
+        else names = last_missing;
         if (Clock::now() >= deadline) {
             if (names.empty()) names = "(unknown)";
             co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + names + " did not arrive");
