@@ -1,5 +1,6 @@
-// Fuzzes the handshake decoders (the 12-byte hello prefix, then the body it announces): what
-// decodes is within the limits and encode_hello writes it back byte for byte.
+// Fuzzes the handshake decoders (the 12-byte hello prefix, then the version-2 body it announces,
+// authentication fields included): what decodes is within the limits and encode_hello writes it
+// back byte for byte.
 #include "transport/frame.hpp"
 
 #include "fuzz_util.hpp"
@@ -18,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ConnectionLimits tight;
     tight.max_name_len = 8;
     for (const ConnectionLimits& limits : {ConnectionLimits{}, tight}) {
-        Result<HelloInfo> h = fail(Errc::internal, "not decoded");
+        Result<Hello> h = fail(Errc::internal, "not decoded");
         {
             fuzz::AllocationBound bound;
             h = decode_hello_body(body, limits);
@@ -28,8 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             TP_FUZZ_CHECK(h.error().code() == Errc::protocol_error && !h.error().message().empty());
             continue;
         }
-        TP_FUZZ_CHECK(h->name.size() <= limits.max_name_len);
-        TP_FUZZ_CHECK(h->transports.size() <= 64 && h->channels.size() <= 64);
+        TP_FUZZ_CHECK(h->info.name.size() <= limits.max_name_len);
+        TP_FUZZ_CHECK(h->info.transports.size() <= 64 && h->info.channels.size() <= 64);
+        TP_FUZZ_CHECK(h->reason.size() <= kMaxRefusalReason);
         const Bytes again = encode_hello(*h, prefix ? prefix->magic : kProtocolMagic, prefix ? prefix->version : 1);
         TP_FUZZ_CHECK(again.size() == kHelloPrefixSize + body.size());
         TP_FUZZ_CHECK(std::equal(body.begin(), body.end(), again.begin() + kHelloPrefixSize));
