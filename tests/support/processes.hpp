@@ -18,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -61,15 +62,21 @@ struct Child {
     }
 };
 
-/// Starts `argv[0]` with `argv` and the current environment plus `env` ("NAME=value"), its output
+/// Starts `argv[0]` with `argv` and the current environment plus `env` ("NAME=value", replacing), its output
 /// going to a temporary file.
 inline Child spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
     Child c;
     char path[] = "/tmp/tp-child-XXXXXX";
     int fd = ::mkstemp(path);
     c.log_path = path;
+    // `env` replaces variables of the same name (getenv would find the first of two).
+    auto name_of = [](std::string_view e) { return e.substr(0, e.find('=')); };
     std::vector<std::string> envs;
-    for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+    for (char** e = environ; *e; ++e) {
+        bool replaced = false;
+        for (auto& mine : env) replaced = replaced || name_of(mine) == name_of(*e);
+        if (!replaced) envs.emplace_back(*e);
+    }
     for (auto& e : env) envs.push_back(e);
     std::vector<char*> args, envp;
     for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
