@@ -75,8 +75,10 @@ Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
             lane->in_begin = 0;
         }
         if (lane->in.size() < std::max(n, lane->in_end + 4096)) lane->in.resize(std::max(n, lane->in_end + 16384));
-        auto [ec, got] = co_await async_edge_read(
-            lane->socket, asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end), lane->edge, use_nothrow);
+        // A plain read: Asio reads before it waits, so an end of stream (FIN or reset) that came with
+        // the last bytes of an unfinished reply is seen at once.
+        auto [ec, got] = co_await lane->socket.async_read_some(
+            asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end), use_nothrow);
         lane->in_end += got;
         if (ec) {
             auto e = from_error_code(ec, "reading from the store at " + *where);
@@ -255,7 +257,6 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
         }
         std::optional<Error> failure;
         for (auto& op : batch) {
-            lane->last_reply = &op == &batch.back();
             if (!op->wait_request.empty()) {
                 auto outcome = co_await finish_wait(s, lane, op.get(), sent);
                 --lane->waits;
@@ -301,11 +302,7 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 
 }  // namespace
 
-Lane::Lane(ClientState& client) : socket(client.strand) {
-    // A reset of the server that comes with a reply is seen at once while more replies are due;
-    // after the last one, the next request's send finds it.
-    edge.may_idle = [this] { return last_reply; };
-}
+Lane::Lane(ClientState& client) : socket(client.strand) {}
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),

@@ -5,7 +5,6 @@
 
 #include "core/resume_slot.hpp"
 #include "store/c10d_protocol.hpp"
-#include "transport/edge_read.hpp"
 
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
@@ -99,8 +98,6 @@ struct Lane {
 
     Bytes in;  // unread replies in [in_begin, in_end); the size is the capacity
     std::size_t in_begin = 0, in_end = 0;
-    EdgeReadState edge;
-    bool last_reply = true;  // reading the last reply of the batch in flight (see edge.may_idle)
     Bytes out;
 
     bool parked = false;  // the actor waits in `kick`

@@ -86,31 +86,40 @@ void add_wait(const StatePtr& s, PendingOp& op, const std::vector<std::string>& 
 }
 
 // The caller waits a little longer than a WAIT's own deadline so that the actor's verdict (which
-// may be "ready" when the keys raced the cancel) is the one reported.
-Duration wait_limit(Duration timeout) {
-    return timeout > Duration::zero() ? timeout + std::chrono::seconds(2) : Duration::zero();
-}
+// may be "ready" when the keys raced the cancel) is the one reported: on a live link that verdict
+// comes within a round trip; a stalled link must not hold the caller much past its timeout.
+constexpr Duration kWaitVerdictGrace = std::chrono::milliseconds(250);
 
-// A timed-out wait names the keys still missing ('a', 'b'), found with one CHECK per key (pipelined).
-Task<Error> explain_wait_timeout(StatePtr s, std::vector<std::string> keys, Error e, Clock::time_point start) {
+Duration wait_limit(Duration timeout) { return timeout > Duration::zero() ? timeout + kWaitVerdictGrace : Duration::zero(); }
+
+// A timed-out wait names the keys still missing ('a', 'b'), found with one CHECK per key
+// (pipelined) within what is left of the caller's limit (`start` + wait_limit); when nothing is
+// left (the link did not even deliver the WAIT's verdict) it names the keys asked.
+Task<Error> explain_wait_timeout(StatePtr s, std::vector<std::string> keys, Error e, Clock::time_point start,
+                                 Duration timeout) {
     if (e.code() != Errc::timeout) co_return e;
     constexpr std::size_t kNamed = 16;
-    auto op = new_op(s);
-    std::vector<std::string> asked;
-    for (std::size_t i = 0; i < keys.size() && i < kNamed; ++i) {
-        std::vector<std::string> one(1, keys[i]);
-        enc(s, op->request).op(Op::check).keys(one);
-        asked.push_back(keys[i]);
-    }
-    op->expect.assign(asked.size(), ReplyKind::u8);
     std::string missing;
-    if (auto r = co_await exec(s, op, std::chrono::seconds(5)); r) {
-        for (std::size_t i = 0; i < asked.size(); ++i)
-            if (op->ints.at(i) != c10d::kCheckReady) missing += (missing.empty() ? "'" : ", '") + c10d::printable(asked[i]) + "'";
-        if (keys.size() > kNamed) missing += ", ... (" + std::to_string(keys.size()) + " keys asked)";
-    } else {
-        missing = join_keys(keys);
+    const auto left = start + wait_limit(timeout) - Clock::now();
+    bool named = false;
+    if (left > std::chrono::milliseconds(1)) {
+        auto op = new_op(s);
+        std::vector<std::string> asked;
+        for (std::size_t i = 0; i < keys.size() && i < kNamed; ++i) {
+            std::vector<std::string> one(1, keys[i]);
+            enc(s, op->request).op(Op::check).keys(one);
+            asked.push_back(keys[i]);
+        }
+        op->expect.assign(asked.size(), ReplyKind::u8);
+        if (auto r = co_await exec(s, op, left); r) {
+            for (std::size_t i = 0; i < asked.size(); ++i)
+                if (op->ints.at(i) != c10d::kCheckReady)
+                    missing += (missing.empty() ? "'" : ", '") + c10d::printable(asked[i]) + "'";
+            if (keys.size() > kNamed) missing += ", ... (" + std::to_string(keys.size()) + " keys asked)";
+            named = true;
+        }
     }
+    if (!named) missing = join_keys(keys) + " (the store did not answer in time)";
     co_return Error(Errc::timeout, "timed out after " +
                                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()) +
                                        " ms waiting for keys " + missing + " in the store at " + s->where);
@@ -157,7 +166,7 @@ Task<Result<Bytes>> do_get(StatePtr s, std::string key, Duration timeout) {
     enc(s, op->request).op(Op::get).key(key);
     op->expect.assign(1, ReplyKind::bytes);
     if (auto r = co_await exec(s, op, wait_limit(timeout)); !r)
-        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start));
+        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start, timeout));
     co_return std::move(op->blobs.at(0));
 }
 
@@ -183,7 +192,7 @@ Task<Result<void>> do_wait(StatePtr s, std::vector<std::string> keys, Duration t
     const auto start = Clock::now();
     add_wait(s, *op, keys, timeout);
     if (auto r = co_await exec(s, op, wait_limit(timeout)); !r)
-        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start));
+        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start, timeout));
     co_return ok();
 }
 
@@ -250,7 +259,7 @@ Task<Result<std::vector<Bytes>>> do_multi_get(StatePtr s, std::vector<std::strin
     op->expect.assign(keys.size(), ReplyKind::bytes);
     const auto start = Clock::now();
     if (auto r = co_await exec(s, op, wait_limit(timeout)); !r)
-        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start));
+        co_return fail(co_await explain_wait_timeout(s, std::move(keys), r.error(), start, timeout));
     co_return std::move(op->blobs);
 }
 

@@ -182,9 +182,8 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
                 }
                 break;
             }
-            // (a read that empties the socket tells the reactor so: no EAGAIN read before the next wait)
-            auto [ec, n] = co_await detail::async_edge_read(
-                c->socket, asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end), c->edge, detail::use_nothrow);
+            auto [ec, n] = co_await c->socket.async_read_some(asio::buffer(c->in.get() + c->in_end, c->in_cap - c->in_end),
+                                                              detail::use_nothrow);
             if (ec || c->closed) {
                 if (!c->closed && ec != asio::error::eof && ec != asio::error::operation_aborted)
                     log(LogLevel::debug, "store", "read from " + c->peer + " failed: " + ec.message());

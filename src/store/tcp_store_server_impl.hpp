@@ -4,7 +4,6 @@
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "store/c10d_protocol.hpp"
-#include "transport/edge_read.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
@@ -51,7 +50,6 @@ struct StoreConn : std::enable_shared_from_this<StoreConn> {
     // Read buffer [begin, end) inside [0, cap); grown only to what a request needs (limits checked first).
     std::unique_ptr<std::uint8_t[]> in;
     std::size_t in_cap = 0, in_begin = 0, in_end = 0;
-    EdgeReadState edge;
 
     Bytes out;      // replies not yet sent
     Bytes writing;  // the buffer the writer is sending; its first `written` bytes are sent

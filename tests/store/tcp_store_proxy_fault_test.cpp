@@ -109,13 +109,9 @@ TEST_CASE("a store request cut or reset midway fails with connection_lost and th
     cut_case({"reply cut (FIN)", Direction::to_client, Cut::fin});
 }
 
-// KNOWN BUG (reported, not fixed here: src/transport/edge_read.cpp, used by the store client): when
-// an RST arrives right behind the last bytes of an unfinished reply, the client's edge read takes
-// the short read as "drained" (probably: TCP_INQ counts a pending FIN, not an RST), the epoll edge
-// is spent, and the call fails only after its timeout plus the graces of the stall case below (a
-// 5 s GET: 12 s; a 1 s GET: 8 s) with Errc::timeout instead of connection_lost at once. Issue 15
-// failure 2's pattern, on the store client's side. [!mayfail] until fixed.
-TEST_CASE("a store reply cut with an RST midway fails with connection_lost at once", "[store][fault][proxy][!mayfail]") {
+// Issue 15 failure 2's pattern on the store client's side: an RST right behind the last bytes of
+// an unfinished reply must fail the call at once (it once waited for its timeout plus graces).
+TEST_CASE("a store reply cut with an RST midway fails with connection_lost at once", "[store][fault][proxy]") {
     cut_case({"reply cut (RST)", Direction::to_client, Cut::rst}, std::chrono::seconds(1));
 }
 
@@ -185,12 +181,9 @@ TEST_CASE("a stalled store link ends a call at the client's timeout", "[store][f
     }
 }
 
-// KNOWN BUG (reported, not fixed here: src/store/tcp_store_ops.cpp): a GET (a WAIT underneath) on
-// a stalled link ends about 3 s after its 1 s timeout: do_get's op limit is wait_limit(timeout) =
-// timeout + 2 s (a grace for the CANCEL_WAIT answer, which a stalled link never delivers), and
-// explain_wait_timeout() then sends CHECKs down the same stalled connection (a 5 s limit) before
-// the caller gets its error. [!mayfail] until fixed.
-TEST_CASE("a stalled store link ends a get at the client's timeout", "[store][fault][proxy][!mayfail]") {
+// A GET (a WAIT underneath) on a stalled link ends at its timeout, not seconds after it: the grace
+// for the WAIT's verdict and the CHECKs that name the missing keys are charged to the caller's limit.
+TEST_CASE("a stalled store link ends a get at the client's timeout", "[store][fault][proxy]") {
     for (auto d : {Direction::to_server, Direction::to_client}) {
         run_with_deadline(15s, [&]() -> Task<void> {
             auto ex = co_await asio::this_coro::executor;
