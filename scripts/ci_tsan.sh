@@ -32,7 +32,9 @@ for t in tests:
     for dep in t.get("depends", []):
         if dep in by_id:
             files.update(by_id[dep]["filename"])
-    print(t["name"], *sorted(os.path.relpath(f, d) for f in files))
+    # Only what the build makes is a ninja target (a test's command may be a script in the sources).
+    built = sorted(os.path.relpath(f, d) for f in files if os.path.abspath(f).startswith(d + os.sep))
+    print(t["name"], *built)
     found = True
 if not found:
     sys.exit("ci_tsan: no rpc or transport tests in " + d)
@@ -52,6 +54,7 @@ done <"$plan"
 # second_deadlock_stack: lock-order reports name both acquisitions. Each test's exit status says
 # whether TSan reported (66), so meson's testlog.json carries the verdict to the CI summary.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:exitcode=66:second_deadlock_stack=1}
+if [ ${#runnable[@]} -eq 0 ]; then echo "ci_tsan: nothing was built to run" >&2; exit 1; fi
 rm -f "$dir/meson-logs/testlog.json"
 meson test -C "$dir" --no-rebuild --print-errorlogs --timeout-multiplier 4 "${runnable[@]}" || true
 python3 scripts/meson_summary.py "$dir/meson-logs/testlog.json" || status=1

@@ -89,10 +89,18 @@ struct ServeRequest {
 };
 
 struct ServeWorker {
+    ServeWorker() = default;
+    ServeWorker(const ServeWorker&) = delete;
+    ServeWorker& operator=(const ServeWorker&) = delete;
+    /// A parked worker destroyed without being woken (its event loop went first, destroying the
+    /// parked frame) leaves its agent's idle list.
+    ~ServeWorker();
+
     ResumeSlot wake;
     std::shared_ptr<AgentCore> core;
     std::shared_ptr<Connection> conn;
     bool has_request = false;  ///< false when woken to exit
+    AgentCore* parked_in = nullptr;  ///< whose idle list holds this worker (no reference held)
     ServeRequest req;
 };
 

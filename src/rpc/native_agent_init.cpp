@@ -192,7 +192,13 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
 
 AgentCore::~AgentCore() {
     // Parked workers wait for a request that can no longer come.
-    for (auto* w : idle_workers) w->wake.abandon();
+    // One at a time: destroying a worker's frame may touch the list.
+    while (!idle_workers.empty()) {
+        ServeWorker* w = idle_workers.back();
+        idle_workers.pop_back();
+        w->parked_in = nullptr;
+        w->wake.abandon();
+    }
     std::error_code ec;
     acceptor.close(ec);
 }

@@ -10,6 +10,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
+
 namespace tensorplay::detail {
 
 namespace {
@@ -128,6 +130,7 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
     }
     ServeWorker* w = idle_workers.back();
     idle_workers.pop_back();
+    w->parked_in = nullptr;
     fill(w->req);
     w->core = shared_from_this();
     w->conn = conn;
@@ -138,6 +141,7 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
 bool AgentCore::park(ServeWorker& w) {
     if (state == State::closed || idle_workers.size() >= kMaxIdleWorkers || w.core.use_count() == 1) return false;
     idle_workers.push_back(&w);
+    w.parked_in = this;
     w.core.reset();
     return true;
 }
@@ -147,8 +151,15 @@ void AgentCore::release_workers() {
     while (!idle_workers.empty()) {
         ServeWorker* w = idle_workers.back();
         idle_workers.pop_back();
+        w->parked_in = nullptr;
         w->wake.complete();
     }
+}
+
+ServeWorker::~ServeWorker() {
+    if (!parked_in) return;
+    auto& idle = parked_in->idle_workers;
+    if (auto it = std::find(idle.begin(), idle.end(), this); it != idle.end()) idle.erase(it);
 }
 
 std::shared_ptr<HandlerEntry> AgentCore::find_handler(std::string_view name) {

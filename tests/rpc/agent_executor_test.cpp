@@ -139,3 +139,43 @@ TEST_CASE("agents on an io_context without per-socket locks (ASIO_CONCURRENCY_HI
     INFO(failure.value_or(""));
     CHECK_FALSE(failure);
 }
+
+// An event loop destroyed while its agents still run (a service that ends without shutting them
+// down): the serving coroutines parked between requests go with the loop, and the agents' own
+// destruction, which the loop's teardown finishes, must not touch them (it once did: a
+// use-after-free in ~AgentCore, seen under TSan and ASan).
+TEST_CASE("an event loop destroyed with its agents running, their serving workers parked, frees them cleanly", "[rpc][agent]") {
+    std::optional<test::AgentGroup> group;
+    std::optional<std::string> failure;
+    bool called = false;
+    {
+        asio::io_context ctx;
+        asio::co_spawn(
+            ctx,
+            [&]() -> Task<void> {
+                auto g = co_await test::make_group(2);
+                test::register_echo(g);
+                // Concurrent calls both ways: several serving workers run, then park.
+                test::Signal done(co_await asio::this_coro::executor, 64);
+                for (int i = 0; i < 16; ++i) {
+                    asio::co_spawn(ctx, g[i % 2]->rpc_async(test::worker_name(1 - i % 2), "echo", test::text_message("x")),
+                                   [&](std::exception_ptr e, Result<Message> r) {
+                                       if (e || !r) failure = r ? "exception" : r.error().to_string();
+                                       done.try_send(std::error_code{}, 0);
+                                   });
+                }
+                for (int i = 0; i < 16; ++i) co_await done.async_receive(asio::use_awaitable);
+                called = true;
+                group = std::move(g);
+                ctx.stop();
+            },
+            asio::detached);
+        ctx.run_for(std::chrono::seconds(20));
+        REQUIRE(called);
+        // The agents' last references from here: their destructors queue their closing on the
+        // stopped loop, whose teardown then runs (destroys) it along with the parked workers.
+        group.reset();
+    }
+    INFO(failure.value_or(""));
+    CHECK_FALSE(failure);
+}
