@@ -151,6 +151,14 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
 /// Completes `op` (on the strand) and wakes its caller; later calls do nothing more.
 void finish(PendingOp& op);
 
+// Socket helpers of the lanes (tcp_store_client.cpp), shared with the connection setup.
+std::string ms_string(Duration d);
+Task<Result<void>> connect_once(asio::ip::tcp::socket* socket, asio::ip::tcp::endpoint ep);
+/// Sends `data`: one non-blocking send first, the event loop for any rest.
+Task<Result<void>> write_all(Lane* lane, const Bytes* data, std::string where);
+/// Ensures `n` unread bytes are buffered in the lane's [in_begin, in_end).
+Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where);
+
 /// Cancels an operation from its caller's cancellation slot: on the strand, the op is abandoned
 /// (not sent if still queued, its reply dropped) and its caller completes with Errc::cancelled.
 struct OpCancel {
