@@ -183,7 +183,7 @@ Task<Result<WaitOutcome>> finish_wait(std::shared_ptr<ClientState> s, std::share
     lane->wait_armed = false;
     if (!b) {
         if (!lane->dropped || s->closed) co_return fail(b.error());
-        op->error = wait_timeout_error(*op, Clock::now() - sent);
+        if (!op->done) op->error = wait_timeout_error(*op, Clock::now() - sent);
         co_return WaitOutcome::lane_dropped;  // torch113: the lane was closed on purpose
     }
     if (*b == c10d::kStopWaiting) {
@@ -197,7 +197,7 @@ Task<Result<WaitOutcome>> finish_wait(std::shared_ptr<ClientState> s, std::share
         co_return WaitOutcome::ready;
     }
     if (*b == c10d::kWaitCanceled && lane->cancel_sent) {
-        op->error = wait_timeout_error(*op, Clock::now() - sent);
+        if (!op->done) op->error = wait_timeout_error(*op, Clock::now() - sent);
         co_return WaitOutcome::timed_out;
     }
     co_return fail(Errc::protocol_error,
@@ -237,7 +237,7 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
             lane->queue.pop_front();
             if (op->abandoned) {  // the caller gave up before it was sent: never send it
                 if (!op->wait_request.empty()) --lane->waits;
-                op->error = Error(Errc::cancelled, "store operation abandoned before it was sent");
+                if (!op->done) op->error = Error(Errc::cancelled, "store operation abandoned before it was sent");
                 finish(*op);
                 continue;
             }

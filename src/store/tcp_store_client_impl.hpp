@@ -62,7 +62,6 @@ struct OpWaiterImpl final : OpWaiter {
 /// cancelled); `request` is sent after it succeeds (or at once when there is no WAIT) and its
 /// replies, of the kinds in `expect`, are collected in order.
 struct PendingOp {
-
     Bytes wait_request;
     std::string wait_keys;  // for the timeout message
     std::optional<Clock::time_point> deadline;
@@ -71,6 +70,8 @@ struct PendingOp {
 
     std::vector<Bytes> blobs;        // bytes replies, in order
     std::vector<std::int64_t> ints;  // u8 / u32 / i64 replies, in order
+    /// Written on the strand only until `done`: once finished (by its reply, the reaper or a
+    /// cancel) its caller may be reading it on another thread, so nothing writes it any more.
     std::optional<Error> error;
     bool done = false;
     bool abandoned = false;  // the caller stopped waiting: not sent if still queued, reply dropped

@@ -29,8 +29,37 @@ bool StoreServerState::reply_fits(Op op, std::size_t size, std::string& why) con
     return false;
 }
 
+std::size_t StoreServerState::charge(std::string_view key, std::size_t value_size) noexcept {
+    constexpr std::size_t kPerKey = 64;  // the map's node and the key's string, roughly
+    return kPerKey + key.size() + value_size;
+}
+
+bool StoreServerState::space_for(Op op, std::size_t grow, std::string& why) const {
+    const std::size_t limit = options.max_stored_bytes;
+    if (limit == 0 || grow <= limit - std::min(limit, stored_bytes)) return true;
+    why = std::string(c10d::op_name(op)) + " would store " + std::to_string(grow) + " more bytes; the store holds " +
+          std::to_string(stored_bytes) + " of its limit of " + std::to_string(limit) + " bytes (max_stored_bytes)";
+    return false;
+}
+
 bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string& why) {
     Bytes& out = c.out;
+    // What the key space may grow by, charged before anything is stored (a MULTI_SET as if every
+    // key were new: a refusal near the limit, never a request stored in part).
+    std::size_t grow = 0;
+    switch (r.op) {
+        case Op::set:
+        case Op::compare_set:
+        case Op::add:
+            grow = charge(r.keys[0], r.op == Op::add ? 24 : r.values.back().size());
+            break;
+        case Op::append: grow = charge(r.keys[0], r.values[0].size()); break;
+        case Op::multi_set:
+            for (std::size_t i = 0; i < r.keys.size(); ++i) grow += charge(r.keys[i], r.values[i].size());
+            break;
+        default: break;
+    }
+    if (grow && !space_for(r.op, grow, why)) return false;
     switch (r.op) {
         case Op::validate:
             // Only valid as the first request (consumed by the dialect sniffer); a repeat with the
@@ -117,10 +146,10 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
             }
             if (watchers.contains(r.keys[0])) {
                 Bytes old = std::move(it->second);
-                data.erase(it);
+                erase(it);
                 notify_watchers(r.keys[0], c10d::kWatchDeleted, old, {});
             } else {
-                data.erase(it);
+                erase(it);
             }
             c10d::put_i64(out, 1);
             return true;
@@ -148,9 +177,26 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
     return false;
 }
 
+void StoreServerState::erase(StringMap<Bytes>::iterator it) {
+    stored_bytes -= charge(it->first, it->second.size());
+    data.erase(it);
+}
+
 void StoreServerState::store(std::string_view key, std::span<const std::uint8_t> value, bool append) {
     auto it = data.find(key);
     const bool watched = !watchers.empty() && watchers.contains(key);
+    // Accounted before the change (which may throw: then nothing changed, and the count is restored).
+    const std::size_t before = it == data.end() ? 0 : charge(key, it->second.size());
+    const std::size_t after = charge(key, (append && it != data.end() ? it->second.size() : 0) + value.size());
+    stored_bytes = stored_bytes - before + after;
+    struct Restore {
+        std::size_t& bytes;
+        std::size_t undo_before, undo_after;
+        bool armed = true;
+        ~Restore() {
+            if (armed) bytes = bytes - undo_after + undo_before;
+        }
+    } restore{stored_bytes, before, after};
     if (it == data.end()) {
         it = data.emplace(std::string(key), Bytes(value.begin(), value.end())).first;
         if (watched) notify_watchers(key, c10d::kWatchCreated, {}, it->second);
@@ -164,6 +210,7 @@ void StoreServerState::store(std::string_view key, std::span<const std::uint8_t>
     } else {
         it->second.assign(value.begin(), value.end());
     }
+    restore.armed = false;
     key_changed(key);
 }
 

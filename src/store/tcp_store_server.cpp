@@ -246,6 +246,15 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
             continue;
         }
         std::error_code ignored;
+        if (const auto limit = server->options.max_connections; limit && server->conns.size() >= limit) {
+            // Refused at once (the client sees its connection end); logged once per burst.
+            if (!server->refusing) log(LogLevel::warn, "store", "refusing connections on " + server->address + ": " +
+                                                                  std::to_string(limit) + " are open (max_connections)");
+            server->refusing = true;
+            socket.close(ignored);
+            continue;
+        }
+        server->refusing = false;
         socket.set_option(asio::ip::tcp::no_delay(true), ignored);
         socket.non_blocking(true, ignored);  // send_dirty's direct sends must never block the strand
         std::shared_ptr<StoreConn> c;

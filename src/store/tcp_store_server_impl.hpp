@@ -91,6 +91,7 @@ struct StoreServerState {
     std::uint64_t next_conn_id = 1;
 
     StringMap<Bytes> data;
+    std::size_t stored_bytes = 0;  ///< what `data` holds, as max_stored_bytes counts it
     struct WaitRef {
         StoreConn* conn;
         std::uint64_t wait_id;
@@ -98,6 +99,7 @@ struct StoreServerState {
     StringMap<std::vector<WaitRef>> waiters;
     StringMap<std::vector<StoreConn*>> watchers;
     std::unordered_set<StoreConn*> conns;
+    bool refusing = false;  ///< the last connection accepted was refused (max_connections): log once
     std::vector<const Bytes*> multi_get_scratch;  // reused by MULTI_GET
     // Connections with output to send, sent at the end of each read batch. The list owns what it
     // names and close() takes a connection off it, so an entry can never outlive its connection,
@@ -129,6 +131,11 @@ private:
     /// False (with `why`) when a reply of `size` bytes to `op` would be over max_reply_size.
     bool reply_fits(c10d::Op op, std::size_t size, std::string& why) const;
     void store(std::string_view key, std::span<const std::uint8_t> value, bool append);
+    /// False (with `why`) when storing `grow` more bytes would pass max_stored_bytes.
+    bool space_for(c10d::Op op, std::size_t grow, std::string& why) const;
+    /// What max_stored_bytes charges for `key` holding `value_size` bytes (0 for an absent key).
+    static std::size_t charge(std::string_view key, std::size_t value_size) noexcept;
+    void erase(StringMap<Bytes>::iterator it);
     void key_changed(std::string_view key);
     void notify_watchers(std::string_view key, std::uint8_t event, std::span<const std::uint8_t> old_value,
                          std::span<const std::uint8_t> new_value);

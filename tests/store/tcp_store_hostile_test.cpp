@@ -194,3 +194,100 @@ TEST_CASE("an allocation failure while buffering a request closes only that conn
         server->stop();
     });
 }
+
+namespace {
+
+// A request that has no reply (SET, APPEND, MULTI_SET) is refused by closing the connection: the
+// close shows in the call or in the next round trip.
+Task<bool> refused(TcpStore& c, Result<void> sent) {
+    if (!sent) co_return true;
+    auto p = co_await c.ping();
+    co_return !p;
+}
+
+}  // namespace
+
+TEST_CASE("the key space is bounded by max_stored_bytes: a write past it closes only its connection, nothing of it stored",
+          "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_stored_bytes = 1024 * 1024;
+        auto server = *TcpStoreServer::start(ex, so);
+        auto c = co_await TcpStore::connect(ex, client_options(server->port()));
+        CO_REQUIRE(c);
+        for (int i = 0; i < 9; ++i) CO_REQUIRE(co_await (*c)->set("k" + std::to_string(i), pattern(100 * 1024, i)));
+        auto sent = co_await (*c)->set("big", pattern(200 * 1024, 9));  // 900 KiB + 200 KiB > 1 MiB
+        const bool set_refused = co_await refused(**c, std::move(sent));
+        CHECK(set_refused);
+
+        // Everyone else is served, and what was stored is intact; the refused key is not there.
+        auto d = co_await TcpStore::connect(ex, client_options(server->port()));
+        CO_REQUIRE(d);
+        auto k0 = co_await (*d)->get("k0");
+        REQUIRE(k0);
+        CHECK(*k0 == pattern(100 * 1024, 0));
+        std::vector<std::string> big_key(1, "big");
+        auto has_big = co_await (*d)->check(big_key);
+        REQUIRE(has_big);
+        CHECK_FALSE(*has_big);
+
+        // A MULTI_SET past the limit (922 KiB held + 160 KiB) stores none of its keys.
+        std::vector<Bytes> values;
+        values.push_back(pattern(80 * 1024, 10));
+        values.push_back(pattern(80 * 1024, 11));
+        auto multi = co_await (*d)->multi_set(keys("m1", "m2"), std::move(values));
+        const bool multi_refused = co_await refused(**d, std::move(multi));
+        CHECK(multi_refused);
+        auto e = co_await TcpStore::connect(ex, client_options(server->port()));
+        CO_REQUIRE(e);
+        std::vector<std::string> m1(1, "m1");
+        auto has_m1 = co_await (*e)->check(m1);
+        REQUIRE(has_m1);
+        CHECK_FALSE(*has_m1);
+
+        // Deleting gives the room back.
+        CO_REQUIRE(co_await (*e)->delete_key("k0"));
+        CO_REQUIRE(co_await (*e)->delete_key("k1"));
+        CO_REQUIRE(co_await (*e)->set("big", pattern(200 * 1024, 9)));
+        auto big = co_await (*e)->get("big");
+        REQUIRE(big);
+        CHECK(*big == pattern(200 * 1024, 9));
+        (*e)->close();
+        server->stop();
+    });
+}
+
+TEST_CASE("connections past max_connections are closed at once; the open ones are served and a freed place is taken",
+          "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_connections = 3;
+        auto server = *TcpStoreServer::start(ex, so);
+        std::vector<std::unique_ptr<tcp::socket>> open;
+        for (int i = 0; i < 3; ++i) {
+            open.push_back(std::make_unique<tcp::socket>(ex));
+            co_await raw_connect(open.back().get(), server->port());
+        }
+        CHECK(co_await wait_for_connections(*server, 3, 2s) == 3);
+        tcp::socket extra(ex);
+        co_await raw_connect(&extra, server->port());
+        const bool extra_closed = co_await closed_within(extra, 2s);
+        CHECK(extra_closed);
+        // The open ones are served (a PING on the first, validated first).
+        Bytes req = validate_bytes();
+        req.push_back(0x0D);  // PING with a nonce
+        for (int i = 0; i < 4; ++i) req.push_back(static_cast<std::uint8_t>(0x10 + i));
+        co_await send_all(*open[0], req);
+        auto pong = co_await read_within(*open[0], 4, 2s);
+        CHECK(pong.complete);
+        // One goes: its place is taken by the next client.
+        open[1]->close();
+        CHECK(co_await wait_for_connections(*server, 2, 2s) == 2);
+        co_await require_server_healthy(server->port(), "after-connection-limit");
+        server->stop();
+    });
+}

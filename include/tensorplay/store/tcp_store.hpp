@@ -36,6 +36,11 @@ struct TcpStoreServerOptions {
     std::size_t max_queued_output_hard = 16 * 1024 * 1024;
     /// A connection over max_queued_output whose socket takes no byte for this long is closed; 0 = never.
     Duration queued_output_timeout = std::chrono::seconds(60);
+    /// Bytes the whole key space may hold (keys, values, and 64 bytes per key); a request that
+    /// would pass it closes its connection, as any request over a limit does. 0 = no limit.
+    std::size_t max_stored_bytes = std::size_t(4) << 30;
+    /// Client connections open at once; one more is accepted and closed at once, logged. 0 = no limit.
+    std::size_t max_connections = 16384;
 };
 
 /// A c10d-compatible TCP store server. It tells each connection's dialect from its first bytes
