@@ -80,6 +80,12 @@ struct Stamp {
     Clock::time_point when() const { return Clock::time_point(Clock::duration(at.load())); }
 };
 
+// The Event argument of wait() is made here, outside the caller's co_await expression (GCC 12).
+Task<Result<void>> wait_for(DeviceBackend& b, const Event& event) {
+    auto waiting = b.wait(event);
+    co_return co_await std::move(waiting);
+}
+
 int fail(const char* what, const std::string& why) {
     std::fprintf(stderr, "cuda_bench: %s: %s\n", what, why.c_str());
     return 1;
@@ -112,7 +118,7 @@ int main() {
             ok = raw.host_func(native, &Stamp::run, &stamp) == 0;
             auto ev = b.record_event(*s);
             if (!ev) { ok = false; break; }
-            auto r = co_await b.wait(*ev);
+            auto r = co_await wait_for(b, *ev);
             const auto resumed = Clock::now();
             if (!r) { ok = false; break; }
             backend_lat.push_back(us(resumed - stamp.when()));
@@ -143,7 +149,7 @@ int main() {
     int resumed = 0;
     Clock::time_point last{};
     for (auto& ev : events)
-        asio::co_spawn(many, [&b, ev]() -> Task<Result<void>> { co_return co_await b.wait(ev); },
+        asio::co_spawn(many, [&b, ev]() -> Task<Result<void>> { co_return co_await wait_for(b, ev); },
                        [&](std::exception_ptr, Result<void>) { ++resumed; last = Clock::now(); });
     const int threads_before = thread_count();
     many.run_for(std::chrono::milliseconds(100));

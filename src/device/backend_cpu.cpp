@@ -268,9 +268,10 @@ Result<DeviceBackend*> backend_for(Device device) {
     }
     if (!b) {
         // The process's cuda backend, made once on first use; why it cannot be is kept as well.
-        static const Result<std::shared_ptr<DeviceBackend>> process_cuda = make_cuda_backend();
-        if (!process_cuda) return fail(Error(process_cuda.error()).context("tensor on " + device.str()));
-        b = *process_cuda;
+        // Never destroyed, like the registry: its storages may die during static destruction.
+        static const auto* process_cuda = new Result<std::shared_ptr<DeviceBackend>>(make_cuda_backend());
+        if (!*process_cuda) return fail(Error(process_cuda->error()).context("tensor on " + device.str()));
+        b = **process_cuda;
     }
     const int count = b->device_count();
     if (device.index >= count)

@@ -3,8 +3,12 @@
 // cases excluded).
 #include "cuda_support.hpp"
 #include "support/deadline.hpp"
+#include "support/processes.hpp"
+
+#include <unistd.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 using namespace tensorplay;
@@ -122,8 +126,9 @@ TEST_CASE("copies run host to device, device to device, across devices and back"
     REQUIRE(b.copy_async(*s, (*d0b)->data(), (*d0)->data(), n, *d0));
     std::shared_ptr<Storage> last = *d0b;
     if (b.device_count() > 1) {
-        auto d1 = b.allocate(Device::cuda(1), n);
+        auto d1 = b.allocate(Device::cuda(1), n);  // ordered on cuda:1's default stream
         REQUIRE(d1);
+        sync(b, *b.default_stream(Device::cuda(1)));
         REQUIRE(b.copy_async(*s, (*d1)->data(), (*d0b)->data(), n));
         last = *d1;
     }
@@ -262,7 +267,7 @@ TEST_CASE("a sticky error fails every later operation on that device with the sa
     auto ev = b.record_event(*s);
     REQUIRE(ev);
     Result<void> waited = ok();
-    run_with_deadline(10s, [&]() -> Task<void> { waited = co_await b.wait(*ev); });
+    run_with_deadline(10s, [&]() -> Task<void> { waited = co_await wait_for(b, *ev); });
     REQUIRE_FALSE(waited);
     CHECK(waited.error().code() == Errc::device_error);
     CHECK_THAT(waited.error().message(), Catch::Contains(dev.str()) && Catch::Contains("cudaErrorIllegalAddress") &&
@@ -279,4 +284,73 @@ TEST_CASE("a sticky error fails every later operation on that device with the sa
     CHECK(again.error() == waited.error());
     if (b.device_count() > 1) CHECK(b.allocate(Device::cuda(0), 16));  // the other device is fine
     fake().clear_fault(dev.index);
+}
+
+namespace {
+using IpcGet = int (*)(IpcHandle*, void*);
+using IpcOpen = int (*)(void**, IpcHandle, unsigned);
+using IpcClose = int (*)(void*);
+using Malloc = int (*)(void**, std::size_t);
+template <class F>
+F fake_fn(const char* name) {
+    void* h = ::dlopen(std::getenv("TP_CUDART"), RTLD_NOW | RTLD_NOLOAD);
+    return h ? reinterpret_cast<F>(::dlsym(h, name)) : nullptr;
+}
+std::string to_hex(const IpcHandle& h) {
+    std::string out;
+    for (auto c : h) {
+        out += "0123456789abcdef"[c >> 4];
+        out += "0123456789abcdef"[c & 15];
+    }
+    return out;
+}
+}  // namespace
+
+// The second process of the fake's shared-memory test: maps the parent's "device" memory from the
+// handle in TP_TEST_IPC_MEM, reads it and writes it back through the backend's copies.
+TEST_CASE("ipc memory child", "[.ipc_mem_child]") {
+    const std::string text = std::getenv("TP_TEST_IPC_MEM");
+    IpcHandle h{};
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+    void* p = nullptr;
+    REQUIRE(fake_fn<IpcOpen>("cudaIpcOpenMemHandle")(&p, h, 1) == 0);
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    std::vector<std::uint8_t> got(4096), mine = pattern(4096, 2);
+    REQUIRE(b.copy_async(*s, got.data(), static_cast<std::uint8_t*>(p), got.size()));
+    REQUIRE(b.copy_async(*s, static_cast<std::uint8_t*>(p), mine.data(), mine.size()));
+    sync(b, *s);
+    CHECK(got == pattern(4096, 1));
+    CHECK(fake_fn<IpcClose>("cudaIpcCloseMemHandle")(p) == 0);
+}
+
+TEST_CASE("the fake runtime shares device memory between processes through IPC handles", "[cuda][fake][ipc]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    void* p = nullptr;
+    REQUIRE(fake_fn<Malloc>("cudaMalloc")(&p, 4096) == 0);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    const auto first = pattern(4096, 1);
+    REQUIRE(b.copy_async(*s, static_cast<std::uint8_t*>(p), first.data(), first.size()));
+    sync(b, *s);
+    IpcHandle h{};
+    REQUIRE(fake_fn<IpcGet>("cudaIpcGetMemHandle")(&h, p) == 0);
+    auto pooled = b.allocate(Device::cuda(0), 4096);
+    REQUIRE(pooled);
+    IpcHandle no{};
+    CHECK(fake_fn<IpcGet>("cudaIpcGetMemHandle")(&no, (*pooled)->data()) != 0);  // as on a GPU: pool memory is not
+    char self[4096];
+    const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(len > 0);
+    self[len] = '\0';
+    std::vector<Child> child{spawn({self, "[.ipc_mem_child]"}, {"TP_TEST_IPC_MEM=" + to_hex(h)})};
+    wait_all(child, 20s);
+    INFO(child[0].describe());
+    REQUIRE(child[0].exited_ok());
+    std::vector<std::uint8_t> now(4096);
+    REQUIRE(b.copy_async(*s, now.data(), static_cast<std::uint8_t*>(p), now.size()));
+    sync(b, *s);
+    CHECK(now == pattern(4096, 2));  // the child's write
 }

@@ -66,6 +66,13 @@ inline DeviceBackend& cuda() {
     return **b;
 }
 
+/// co_await wait_for(b, event): the Event argument of wait() is made here, outside the caller's
+/// co_await expression (GCC 12 destroys by-value temporaries of such an expression twice).
+inline Task<Result<void>> wait_for(DeviceBackend& b, const Event& event) {
+    auto waiting = b.wait(event);
+    co_return co_await std::move(waiting);
+}
+
 /// Holds `stream` back (a host function spinning until release()), so that work queued after it
 /// stays pending as long as a test needs.
 class StreamHold {

@@ -38,7 +38,7 @@ TEST_CASE("awaiting a cuda event resumes on the caller's executor while it keeps
             if (!ec) *ticked = true;
             hold.release();  // the GPU passes the event only after the loop ran the timer
         });
-        auto r = co_await b.wait(*ev);
+        auto r = co_await wait_for(b, *ev);
         REQUIRE(r);
         CHECK(ticked->load());
         CHECK(ex.target<asio::io_context::executor_type>()->running_in_this_thread());
@@ -58,10 +58,11 @@ TEST_CASE("a wait on an event that already completed resumes without suspending"
         REQUIRE(ev->ready());
         bool other_ran = false;
         asio::post(co_await asio::this_coro::executor, [&] { other_ran = true; });
-        auto r = co_await b.wait(*ev);
+        auto r = co_await wait_for(b, *ev);
         REQUIRE(r);
         CHECK_FALSE(other_ran);  // it did not go through the loop (nor through the GPU)
-        auto none = co_await b.wait(Event{});
+        const Event complete;
+        auto none = co_await wait_for(b, complete);
         CHECK(none);
     });
 }
@@ -83,7 +84,7 @@ TEST_CASE("5,000 concurrent waits cost no thread each and all complete", "[cuda]
     asio::io_context ctx(1);
     int done = 0, failed = 0;
     for (int i = 0; i < waits; ++i) {
-        asio::co_spawn(ctx, [&b, ev = events[static_cast<std::size_t>(i)]]() -> Task<Result<void>> { co_return co_await b.wait(ev); },
+        asio::co_spawn(ctx, [&b, ev = events[static_cast<std::size_t>(i)]]() -> Task<Result<void>> { co_return co_await wait_for(b, ev); },
                        [&](std::exception_ptr e, Result<void> r) {
                            ++done;
                            if (e || !r) ++failed;
@@ -113,7 +114,7 @@ TEST_CASE("a cancelled wait ends with Errc::cancelled and the GPU work still com
     asio::io_context ctx(1);
     asio::cancellation_signal signal;
     std::optional<Result<void>> result;
-    asio::co_spawn(ctx, [&b, e = *ev]() -> Task<Result<void>> { co_return co_await b.wait(e); },
+    asio::co_spawn(ctx, [&b, e = *ev]() -> Task<Result<void>> { co_return co_await wait_for(b, e); },
                    asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr, Result<void> r) { result = r; }));
     ctx.run_for(50ms);
     REQUIRE_FALSE(result);
@@ -125,7 +126,7 @@ TEST_CASE("a cancelled wait ends with Errc::cancelled and the GPU work still com
     CHECK_FALSE(ev->ready());
     hold.release();
     run_with_deadline(10s, [&]() -> Task<void> {
-        auto r = co_await b.wait(*ev);
+        auto r = co_await wait_for(b, *ev);
         CHECK(r);
     });
 }
@@ -142,7 +143,7 @@ TEST_CASE("destroying the io_context with waits pending neither crashes nor leak
     {
         asio::io_context ctx(1);
         for (int i = 0; i < 100; ++i)
-            asio::co_spawn(ctx, [&b, e = *ev, frames]() -> Task<Result<void>> { co_return co_await b.wait(e); },
+            asio::co_spawn(ctx, [&b, e = *ev, frames]() -> Task<Result<void>> { co_return co_await wait_for(b, e); },
                            [&](std::exception_ptr, Result<void>) { completed = true; });
         ctx.run_for(50ms);
         CHECK(frames.use_count() == 101);
@@ -151,7 +152,7 @@ TEST_CASE("destroying the io_context with waits pending neither crashes nor leak
     CHECK_FALSE(completed);
     hold.release();
     run_with_deadline(10s, [&]() -> Task<void> {
-        auto r = co_await b.wait(*ev);  // the engine carries on for everyone else
+        auto r = co_await wait_for(b, *ev);  // the engine carries on for everyone else
         CHECK(r);
     });
     CHECK_FALSE(completed);
@@ -185,7 +186,7 @@ TEST_CASE("ipc child", "[.ipc_child]") {
     std::puts("opened");
     std::fflush(stdout);
     run_with_deadline(20s, [&]() -> Task<void> {
-        auto r = co_await b.wait(*ev);
+        auto r = co_await wait_for(b, *ev);
         REQUIRE(r);
         auto r2 = co_await b.synchronize(*s);
         REQUIRE(r2);

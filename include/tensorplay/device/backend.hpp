@@ -100,7 +100,8 @@ public:
     /// stay valid until then.
     [[nodiscard]] virtual Result<void> copy_async(Stream stream, std::uint8_t* dst, const std::uint8_t* src,
                                                   std::size_t n, std::shared_ptr<void> keep_alive = {}) = 0;
-    /// Queues a host function on `stream`; it runs after the work queued before it.
+    /// Queues a host function on `stream`; it runs after the work queued before it. cuda: it runs
+    /// on a CUDA thread, must not call CUDA, and is not run once the device had an error.
     [[nodiscard]] virtual Result<void> enqueue_host(Stream stream, std::function<void()> fn) = 0;
     /// An event that completes when the work queued on `stream` so far has finished.
     [[nodiscard]] virtual Result<Event> record_event(Stream stream) = 0;

@@ -88,6 +88,7 @@ bool heap_free(void* p) {
         if (it == h.live.end()) return false;
         std::size_t len = it->second;
         h.live.erase(it);
+        h.plain.erase(off);
         h.used -= len;
         std::size_t start = off;
         auto next = h.free.lower_bound(off);
@@ -160,9 +161,23 @@ CUstream_st* new_stream(int device) {
 
 }  // namespace
 
+cudaError_t plain_alloc(int device, std::size_t n, void** out) {
+    if (auto e = heap_alloc(device, n, out); e != cudaSuccess) return e;
+    std::lock_guard lock(state().mutex);
+    auto& h = state().devices[device].heap;
+    h.plain.insert(static_cast<std::size_t>(static_cast<std::uint8_t*>(*out) - h.base));
+    return cudaSuccess;
+}
+
 int device_of(const void* p, std::size_t n) {
     auto& s = state();
     std::lock_guard lock(s.mutex);
+    auto* b = static_cast<const std::uint8_t*>(p);
+    if (auto it = s.imported.upper_bound(b); it != s.imported.begin()) {
+        --it;
+        if (b >= it->first && b < it->first + it->second.size)
+            return b + n <= it->first + it->second.size ? it->second.device : -2;
+    }
     for (int d = 0; d < max_devices; ++d) {
         auto& h = s.devices[d].heap;
         auto* b = static_cast<const std::uint8_t*>(p);
@@ -312,12 +327,23 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     check_current(s->device);
     FAKE_CHECK_DEVICE(s->device);
     if (device_of(p, 0) < 0) return set_error(cudaErrorInvalidValue);
+    bool idle = false;
+    {
+        std::lock_guard lock(s->mutex);  // (never with state().mutex: wait_idle takes them the other way)
+        idle = s->queue.empty() && !s->busy;
+    }
+    if (idle) {
+        // An idle stream has passed everything before the free: the block is reusable at once (as a
+        // pool reuses memory freed in stream order); otherwise the free waits for its turn.
+        (void)heap_free(p);
+        return cudaSuccess;
+    }
     push(s, Op{[p] { (void)heap_free(p); }, nullptr, 0, 0, false});
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
     FAKE_CHECK_DEVICE(current_device);
-    return set_error(heap_alloc(current_device, n, p));
+    return set_error(plain_alloc(current_device, n, p));
 }
 cudaError_t cudaDeviceSynchronize(void) {
     std::vector<CUstream_st*> mine;

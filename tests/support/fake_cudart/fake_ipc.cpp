@@ -88,6 +88,65 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* ev, cudaIpcEventHandle_t handle)
     return cudaSuccess;
 }
 
+namespace {
+constexpr std::uint32_t mem_magic = 0xfa4e3e30;
+struct MemHandle {
+    std::uint32_t magic;
+    std::int32_t pid;
+    std::int32_t fd;
+    std::int32_t device;
+    std::uint64_t offset;
+    std::uint64_t size;
+};
+}  // namespace
+
+// As on a GPU, only cudaMalloc memory can be exported this way (not stream-ordered pool memory).
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    for (int d = 0; d < max_devices; ++d) {
+        auto& h = s.devices[d].heap;
+        auto* b = static_cast<std::uint8_t*>(p);
+        if (h.base == nullptr || b < h.base || b >= h.base + h.size) continue;
+        const auto off = static_cast<std::size_t>(b - h.base);
+        if (h.plain.count(off) == 0) return set_error(cudaErrorInvalidValue);
+        MemHandle m{mem_magic, static_cast<std::int32_t>(::getpid()), h.fd, d, off, h.live.at(off)};
+        std::memset(handle, 0, sizeof *handle);
+        std::memcpy(handle, &m, sizeof m);
+        return cudaSuccess;
+    }
+    return set_error(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) {
+    MemHandle m;
+    std::memcpy(&m, &handle, sizeof m);
+    if (m.magic != mem_magic) return set_error(cudaErrorInvalidValue);
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", m.pid, m.fd);
+    const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return set_error(cudaErrorInvalidValue);
+    const std::size_t page = 4096, start = m.offset / page * page;
+    const std::size_t len = (m.offset + m.size + page - 1) / page * page - start;
+    void* map = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    ::close(fd);
+    if (map == MAP_FAILED) return set_error(cudaErrorMemoryAllocation);
+    auto* at = static_cast<std::uint8_t*>(map) + (m.offset - start);
+    std::lock_guard lock(state().mutex);
+    state().imported[at] = Imported{m.size, current_device, map, len};
+    *p = at;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* p) {
+    std::lock_guard lock(state().mutex);
+    auto it = state().imported.find(static_cast<std::uint8_t*>(p));
+    if (it == state().imported.end()) return set_error(cudaErrorInvalidValue);
+    ::munmap(it->second.map, it->second.map_len);
+    state().imported.erase(it);
+    return cudaSuccess;
+}
+
 #define FAKE_ERRORS(X)                                                                        \
     X(cudaSuccess, "no error")                                                                \
     X(cudaErrorInvalidValue, "invalid argument")                                              \

@@ -43,6 +43,15 @@ struct Heap {
     std::size_t used = 0;
     std::map<std::size_t, std::size_t> free;  // offset -> length
     std::map<std::size_t, std::size_t> live;  // offset -> length
+    std::set<std::size_t> plain;              // offsets of cudaMalloc blocks (the IPC-exportable ones)
+};
+
+// Another process's device memory mapped here by cudaIpcOpenMemHandle.
+struct Imported {
+    std::size_t size;
+    int device;
+    void* map;
+    std::size_t map_len;
 };
 
 struct Device {
@@ -59,6 +68,7 @@ struct State {
     std::atomic<int> visible{2};
     std::atomic<int> driver{1};
     std::set<void*> host;
+    std::map<const std::uint8_t*, Imported> imported;  // by start
     std::set<CUstream_st*> streams;
     std::atomic<long> host_alloc_calls{0};
     std::atomic<long> wrong_device{0};
@@ -77,6 +87,8 @@ void check_current(int device);
 /// The device whose heap holds [p, p+n) as part of one live allocation; -1 if none, -2 when p is
 /// in a heap but the range is not inside an allocation.
 int device_of(const void* p, std::size_t n);
+/// cudaMalloc's allocation (heap_alloc plus the IPC-exportable mark).
+cudaError_t plain_alloc(int device, std::size_t n, void** out);
 
 }  // namespace fake
 
