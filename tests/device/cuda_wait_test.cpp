@@ -56,11 +56,12 @@ TEST_CASE("a wait on an event that already completed resumes without suspending"
         auto r0 = co_await b.synchronize(*s);
         REQUIRE(r0);
         REQUIRE(ev->ready());
-        bool other_ran = false;
-        asio::post(co_await asio::this_coro::executor, [&] { other_ran = true; });
+        auto other_ran = std::make_shared<bool>(false);  // (the posted function outlives this frame)
+        auto ex = co_await asio::this_coro::executor;  // (not inside the post: GCC 12, temporaries of a co_await)
+        asio::post(ex, [other_ran] { *other_ran = true; });
         auto r = co_await wait_for(b, *ev);
         REQUIRE(r);
-        CHECK_FALSE(other_ran);  // it did not go through the loop (nor through the GPU)
+        CHECK_FALSE(*other_ran);  // it did not go through the loop (nor through the GPU)
         const Event complete;
         auto none = co_await wait_for(b, complete);
         CHECK(none);

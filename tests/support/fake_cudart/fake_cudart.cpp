@@ -5,6 +5,7 @@
 #include "fake_state.hpp"
 #include "fake_control.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,8 +26,27 @@ State& state() {
     return *s;
 }
 
+namespace {
+struct Keys {
+    pthread_key_t device, error;
+    Keys() {
+        pthread_key_create(&device, nullptr);
+        pthread_key_create(&error, nullptr);
+    }
+};
+const Keys& keys() {
+    static const Keys k;
+    return k;
+}
+}  // namespace
+
+int current_device() { return static_cast<int>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().device))); }
+void set_current_device(int d) { pthread_setspecific(keys().device, reinterpret_cast<void*>(static_cast<std::intptr_t>(d))); }
+cudaError_t last_error() { return static_cast<cudaError_t>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().error))); }
+void set_last_error(cudaError_t e) { pthread_setspecific(keys().error, reinterpret_cast<void*>(static_cast<std::intptr_t>(e))); }
+
 cudaError_t set_error(cudaError_t e) {
-    if (e != cudaSuccess) last_error = e;
+    if (e != cudaSuccess) set_last_error(e);
     return e;
 }
 
@@ -36,7 +56,7 @@ cudaError_t sticky(int device) {
 }
 
 void check_current(int device) {
-    if (device != current_device) ++state().wrong_device;
+    if (device != current_device()) ++state().wrong_device;
 }
 
 namespace {
@@ -195,11 +215,11 @@ int device_of(const void* p, std::size_t n) {
 // default stream.
 CUstream_st* resolve(cudaStream_t s) {
     if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) return s;
-    auto& d = state().devices[current_device];
+    auto& d = state().devices[current_device()];
     std::lock_guard lock(state().mutex);
     if (d.default_stream == nullptr) {
         auto* st = new CUstream_st;
-        st->device = current_device;
+        st->device = current_device();
         state().streams.insert(st);
         std::thread(worker, st).detach();
         d.default_stream = st;
@@ -263,19 +283,19 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
-    *d = current_device;
+    *d = current_device();
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
     if (!state().driver) return set_error(cudaErrorInsufficientDriver);
     if (d < 0 || d >= std::min(state().visible.load(), max_devices)) return set_error(cudaErrorInvalidDevice);
-    current_device = d;
+    set_current_device(d);
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
-    auto e = last_error;
-    last_error = cudaSuccess;
-    if (auto s = sticky(current_device); s != cudaSuccess) return s;
+    auto e = last_error();
+    set_last_error(cudaSuccess);
+    if (auto s = sticky(current_device()); s != cudaSuccess) return s;
     return e;
 }
 
@@ -295,9 +315,9 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-    FAKE_CHECK_DEVICE(current_device);
+    FAKE_CHECK_DEVICE(current_device());
     std::lock_guard lock(state().mutex);
-    auto& h = state().devices[current_device].heap;
+    auto& h = state().devices[current_device()].heap;
     *total = h.limit;
     *free = h.limit > h.used ? h.limit - h.used : 0;
     return cudaSuccess;
@@ -342,18 +362,18 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
-    FAKE_CHECK_DEVICE(current_device);
-    return set_error(plain_alloc(current_device, n, p));
+    FAKE_CHECK_DEVICE(current_device());
+    return set_error(plain_alloc(current_device(), n, p));
 }
 cudaError_t cudaDeviceSynchronize(void) {
     std::vector<CUstream_st*> mine;
     {
         std::lock_guard lock(state().mutex);
         for (auto* s : state().streams)
-            if (s->device == current_device) mine.push_back(s);
+            if (s->device == current_device()) mine.push_back(s);
     }
     for (auto* s : mine) wait_idle(s);  // (streams are not destroyed during a test's synchronize)
-    FAKE_CHECK_DEVICE(current_device);
+    FAKE_CHECK_DEVICE(current_device());
     return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
@@ -380,8 +400,8 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-    FAKE_CHECK_DEVICE(current_device);
-    *s = new_stream(current_device);
+    FAKE_CHECK_DEVICE(current_device());
+    *s = new_stream(current_device());
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {

@@ -34,10 +34,10 @@ std::shared_ptr<EventShared> map_shared(int fd) {
 extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags) {
-    if (auto e = sticky(current_device); e != cudaSuccess) return set_error(e);
+    if (auto e = sticky(current_device()); e != cudaSuccess) return set_error(e);
     if ((flags & cudaEventInterprocess) != 0 && (flags & cudaEventDisableTiming) == 0) return set_error(cudaErrorInvalidValue);
     auto* out = new CUevent_st;
-    out->device = current_device;
+    out->device = current_device();
     out->flags = flags;
     if ((flags & cudaEventInterprocess) != 0) {
         out->fd = ::memfd_create("fake-cuda-event", MFD_CLOEXEC);
@@ -81,7 +81,7 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* ev, cudaIpcEventHandle_t handle)
     ::close(fd);
     if (!shared) return set_error(cudaErrorMemoryAllocation);
     auto* out = new CUevent_st;
-    out->device = current_device;
+    out->device = current_device();
     out->flags = cudaEventDisableTiming | cudaEventInterprocess;
     out->shared = std::move(shared);
     *ev = out;
@@ -133,7 +133,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) 
     if (map == MAP_FAILED) return set_error(cudaErrorMemoryAllocation);
     auto* at = static_cast<std::uint8_t*>(map) + (m.offset - start);
     std::lock_guard lock(state().mutex);
-    state().imported[at] = Imported{m.size, current_device, map, len};
+    state().imported[at] = Imported{m.size, current_device(), map, len};
     *p = at;
     return cudaSuccess;
 }

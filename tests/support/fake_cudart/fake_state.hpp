@@ -75,8 +75,12 @@ struct State {
 };
 
 State& state();
-thread_local inline int current_device = 0;
-thread_local inline cudaError_t last_error = cudaSuccess;
+// Per-thread current device and last error, in pthread keys rather than thread_local: the dynamic
+// TLS of a dlopen'ed library crashed LeakSanitizer's tracer (GCC 12, glibc 2.36).
+int current_device();
+void set_current_device(int d);
+cudaError_t last_error();
+void set_last_error(cudaError_t e);
 
 /// Records `e` as the thread's last error and returns it.
 cudaError_t set_error(cudaError_t e);
