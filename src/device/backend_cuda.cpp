@@ -246,11 +246,12 @@ public:
         DeviceGuard guard(d.api(), d.index());
         auto ev = d.take_event();
         if (!ev) return fail(std::move(ev).error());
-        if (auto e = d.api().cudaEventRecord(*ev, d.stream(stream.id)); e != cudaSuccess) {
+        auto seq = d.record(stream.id, *ev);
+        if (!seq) {
             d.return_event(*ev);
-            return fail(d.failure("cudaEventRecord", e));
+            return fail(std::move(seq).error());
         }
-        return Event{std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), d.next_seq(stream.id), true)};
+        return Event{std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), *seq, true)};
     }
 
     Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream) override {
@@ -261,8 +262,12 @@ public:
         cudaEvent_t ev = nullptr;
         if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
             return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
-        auto state = std::make_shared<CudaEventState>(*dev, ev, group_of(d, stream.id), 0, false);
-        if (auto e = d.api().cudaEventRecord(ev, d.stream(stream.id)); e != cudaSuccess) return fail(d.failure("cudaEventRecord", e));
+        auto seq = d.record(stream.id, ev);
+        if (!seq) {
+            (void)d.api().cudaEventDestroy(ev);
+            return fail(std::move(seq).error());
+        }
+        auto state = std::make_shared<CudaEventState>(*dev, ev, group_of(d, stream.id), *seq, false);
         cudaIpcEventHandle_t h;
         if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
         IpcHandle out;

@@ -43,7 +43,7 @@ Result<void> CudaDevice::ready() {
         return fail(cuda_error(*api_, "cudaMemPoolSetAttribute", index_, e));
     }
     streams_ = std::move(streams);
-    seqs_ = std::vector<std::atomic<std::uint64_t>>(streams_.size());
+    seqs_.assign(streams_.size(), 0);
     pool_ = pool;
     initialised_ = true;
     return ok();
@@ -71,7 +71,11 @@ std::uint32_t CudaDevice::next_stream() noexcept {
     return 1 + next_.fetch_add(1, std::memory_order_relaxed) % static_cast<std::uint32_t>(wanted_);
 }
 
-std::uint64_t CudaDevice::next_seq(std::uint32_t id) noexcept { return seqs_[id].fetch_add(1, std::memory_order_relaxed) + 1; }
+Result<std::uint64_t> CudaDevice::record(std::uint32_t id, cudaEvent_t event) {
+    std::lock_guard lock(record_mutex_);
+    if (auto e = api_->cudaEventRecord(event, streams_[id]); e != cudaSuccess) return fail(failure("cudaEventRecord", e));
+    return ++seqs_[id];
+}
 
 Result<cudaEvent_t> CudaDevice::take_event() {
     {

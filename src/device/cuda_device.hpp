@@ -48,9 +48,9 @@ public:
     [[nodiscard]] cudaMemPool_t pool() const noexcept { return pool_; }
     /// Round robin over the pooled streams.
     [[nodiscard]] std::uint32_t next_stream() noexcept;
-    /// The next sequence number of an event recorded on stream `id` (events of one stream complete in
-    /// order, so the wait engine polls only the oldest one).
-    [[nodiscard]] std::uint64_t next_seq(std::uint32_t id) noexcept;
+    /// Records `event` on stream `id` (device current) and returns its sequence number there: events
+    /// of one stream complete in record order, so the wait engine polls only the oldest one.
+    [[nodiscard]] Result<std::uint64_t> record(std::uint32_t id, cudaEvent_t event);
     /// An event (timing disabled) from the recycled ones or a new one; the device must be current.
     [[nodiscard]] Result<cudaEvent_t> take_event();
     /// Gives an event back for reuse.
@@ -65,7 +65,8 @@ private:
     std::optional<Error> sticky_;
     std::atomic<bool> failed_{false};
     std::vector<cudaStream_t> streams_;
-    std::vector<std::atomic<std::uint64_t>> seqs_;
+    std::mutex record_mutex_;  // a record and its sequence number go together
+    std::vector<std::uint64_t> seqs_;
     cudaMemPool_t pool_ = nullptr;
     std::atomic<std::uint32_t> next_{0};
     std::vector<cudaEvent_t> free_events_;
@@ -74,7 +75,7 @@ private:
 /// An event recorded on a cuda stream (or opened from another process's handle).
 class CudaEventState final : public EventState, public std::enable_shared_from_this<CudaEventState> {
 public:
-    /// `group`: events of one group complete in `seq` order (one stream); `owned`: returned to the
+    /// `group`: events of one group complete in `seq` order (one stream); `reuse`: returned to the
     /// device for reuse (else destroyed: interprocess events).
     CudaEventState(std::shared_ptr<CudaDevice> device, cudaEvent_t event, std::uint64_t group, std::uint64_t seq, bool reuse)
         : device_(std::move(device)), event_(event), group_(group), seq_(seq), reuse_(reuse) {}

@@ -218,3 +218,32 @@ TEST_CASE("another process waits on an interprocess event until this process pas
     CHECK(child[0].exited_ok());
     CHECK(output_of(child[0]).find("passed the event") != std::string::npos);
 }
+
+TEST_CASE("a wait ends when its own event completes, not behind a later interprocess event", "[cuda][wait][ipc]") {
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    StreamHold first_hold(b, *s);
+    auto first = b.record_event(*s);
+    REQUIRE(first);
+    StreamHold second_hold(b, *s);
+    auto ipc = b.record_ipc_event(*s);
+    REQUIRE(ipc);
+    asio::io_context ctx(1);
+    std::optional<Result<void>> later, earlier;
+    asio::co_spawn(ctx, [&b, e = ipc->first]() -> Task<Result<void>> { co_return co_await wait_for(b, e); },
+                   [&](std::exception_ptr, Result<void> r) { later = r; });
+    ctx.run_for(20ms);  // the wait on the later event is registered first
+    asio::co_spawn(ctx, [&b, e = *first]() -> Task<Result<void>> { co_return co_await wait_for(b, e); },
+                   [&](std::exception_ptr, Result<void> r) { earlier = r; });
+    first_hold.release();
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!earlier && std::chrono::steady_clock::now() < until) ctx.run_for(10ms);
+    REQUIRE(earlier);
+    CHECK(*earlier);
+    CHECK_FALSE(later);
+    second_hold.release();
+    while (!later && std::chrono::steady_clock::now() < until + 5s) ctx.run_for(10ms);
+    REQUIRE(later);
+    CHECK(*later);
+}
