@@ -164,6 +164,34 @@ Task<Result<void>> DeviceBackend::synchronize(Stream stream) {
     co_return r;
 }
 
+Result<std::shared_ptr<Storage>> DeviceBackend::allocate_on(Stream stream, std::size_t nbytes) {
+    return allocate(stream.device, nbytes);
+}
+
+Result<std::shared_ptr<Storage>> DeviceBackend::allocate_host(std::size_t nbytes) {
+    auto s = detail::HostStorage::create(Device::cpu(), nbytes);
+    if (!s) return fail(Errc::io_error, std::string(name()) + " backend: out of memory allocating " + std::to_string(nbytes) +
+                                            " host bytes");
+    return std::shared_ptr<Storage>(std::move(s));
+}
+
+namespace {
+Failure unsupported(const DeviceBackend& b, std::string_view what) {
+    return fail(Errc::not_supported, std::string(b.name()) + " backend: " + std::string(what) + " is not supported");
+}
+}  // namespace
+
+Result<DeviceProperties> DeviceBackend::properties(Device) { return unsupported(*this, "properties"); }
+Result<void*> DeviceBackend::native_stream(Stream) { return unsupported(*this, "native_stream"); }
+Result<std::pair<Event, IpcHandle>> DeviceBackend::record_ipc_event(Stream) { return unsupported(*this, "record_ipc_event"); }
+Result<Event> DeviceBackend::open_ipc_event(Device, const IpcHandle&) { return unsupported(*this, "open_ipc_event"); }
+
+#if !TP_HAS_CUDA
+Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions) {
+    return fail(Errc::not_supported, "this build of tensorplay has no CUDA support (rebuild with -Dcuda=enabled)");
+}
+#endif
+
 namespace {
 
 Result<void> check_cpu(Device device, std::string_view what) {
@@ -239,12 +267,11 @@ Result<DeviceBackend*> backend_for(Device device) {
         b = r.sim ? r.sim : r.cuda;
     }
     if (!b) {
-        if (!TP_HAS_CUDA)
-            return fail(Errc::not_supported, "tensor on " + device.str() +
-                                                 ": this build of tensorplay has no CUDA support (rebuild with -Dcuda=enabled)");
-        if (cuda_device_count() == 0)
-            return fail(Errc::device_error, "tensor on " + device.str() + ": no CUDA device is visible to this process");
-        return fail(Errc::not_supported, "tensor on " + device.str() + ": no CUDA backend is registered");
+        // The process's cuda backend, made once on first use; why it cannot be is kept as well.
+        // Never destroyed, like the registry: its storages may die during static destruction.
+        static const auto* process_cuda = new Result<std::shared_ptr<DeviceBackend>>(make_cuda_backend());
+        if (!*process_cuda) return fail(Error(process_cuda->error()).context("tensor on " + device.str()));
+        b = **process_cuda;
     }
     const int count = b->device_count();
     if (device.index >= count)

@@ -4,7 +4,7 @@
 #include <tensorplay/config.hpp>
 
 #if TP_HAS_CUDA
-#include <cuda_runtime_api.h>
+#include "device/cuda_api.hpp"
 #endif
 
 #include <charconv>
@@ -62,13 +62,11 @@ Result<Device> parse_device(int index) {
 
 int cuda_device_count() noexcept {
 #if TP_HAS_CUDA
-    // Any error (no driver, no device, a broken runtime) means "no CUDA devices here".
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();  // clear the sticky error so later CUDA calls start clean
-        return 0;
-    }
-    return n < 0 ? 0 : n;
+    // No runtime, no driver, no device, or a broken runtime: "no CUDA devices here".
+    const auto& api = detail::default_cuda_api();
+    if (!api) return 0;
+    auto n = detail::usable_device_count(**api);
+    return n ? *n : 0;
 #else
     return 0;
 #endif

@@ -6,12 +6,15 @@
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/tensor.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace tensorplay {
 
@@ -43,6 +46,20 @@ private:
     std::shared_ptr<detail::EventState> state_;
 };
 
+/// An opaque interprocess handle (of a CUDA event), 64 bytes, to send to another
+/// process on the same host.
+using IpcHandle = std::array<std::uint8_t, 64>;
+
+/// What a device reports about itself.
+struct DeviceProperties {
+    Device device;                 ///< cuda:N
+    int compute_major = 0;         ///< compute capability, major
+    int compute_minor = 0;         ///< compute capability, minor
+    int multiprocessors = 0;       ///< streaming multiprocessor count
+    std::size_t total_memory = 0;  ///< bytes of device memory
+    std::string pci_bus_id;        ///< "0000:3b:00.0"
+};
+
 /// Allocation and ordering for one device type. Implementations are thread-safe.
 class DeviceBackend {
 public:
@@ -58,8 +75,19 @@ public:
     [[nodiscard]] virtual bool host_accessible() const noexcept = 0;
 
     /// Fresh storage of `nbytes` on `device` (contents unspecified). Errc::device_error for a
-    /// device this backend does not have; Errc::io_error when memory is exhausted.
+    /// device this backend does not have; Errc::io_error when memory is exhausted (cpu, sim;
+    /// cuda: Errc::device_error naming cudaErrorMemoryAllocation). cuda: as allocate_on(the
+    /// device's default stream).
     [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate(Device device, std::size_t nbytes) = 0;
+    /// Stream-ordered storage: usable on `stream` at once, on other streams after an event of it;
+    /// freed on `stream` when the last reference goes, so work of other streams on it must be
+    /// ordered before `stream`'s later work (wait_event). cpu and sim: allocate(stream.device).
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_on(Stream stream, std::size_t nbytes);
+    /// Host storage (Device::cpu()) for staging copies to and from this backend's devices: for
+    /// cuda pinned memory from a pool allocated up front; plain host memory otherwise.
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes);
+    /// What `device` reports (cuda); Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<DeviceProperties> properties(Device device);
 
     /// The device's default stream.
     [[nodiscard]] virtual Result<Stream> default_stream(Device device) = 0;
@@ -72,16 +100,29 @@ public:
     /// stay valid until then.
     [[nodiscard]] virtual Result<void> copy_async(Stream stream, std::uint8_t* dst, const std::uint8_t* src,
                                                   std::size_t n, std::shared_ptr<void> keep_alive = {}) = 0;
-    /// Queues a host function on `stream`; it runs after the work queued before it.
+    /// Queues a host function on `stream`; it runs after the work queued before it. cuda: it runs
+    /// on a CUDA thread, must not call CUDA, and is not run once the device had an error.
     [[nodiscard]] virtual Result<void> enqueue_host(Stream stream, std::function<void()> fn) = 0;
     /// An event that completes when the work queued on `stream` so far has finished.
     [[nodiscard]] virtual Result<Event> record_event(Stream stream) = 0;
+    /// The native handle of `stream` (cuda: its cudaStream_t; the default stream is nullptr);
+    /// Errc::not_supported for backends without one.
+    [[nodiscard]] virtual Result<void*> native_stream(Stream stream);
+    /// record_event, as an event another process can open (cuda: cudaEventInterprocess), with its
+    /// handle. Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream);
+    /// Opens another process's event handle on `device`: wait_event/wait on it order after that
+    /// process's work. Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<Event> open_ipc_event(Device device, const IpcHandle& handle);
     /// Makes work queued on `stream` after this call wait for `event` (from any stream of this
     /// backend). Does not block the caller.
     [[nodiscard]] virtual Result<void> wait_event(Stream stream, const Event& event) = 0;
 
     /// Resumes the awaiting coroutine (on its own executor) once `event` is complete; never
-    /// blocks a thread. Not cancellable: it completes when the event does.
+    /// blocks a thread. cpu, sim: not cancellable. cuda: an already complete event resumes at
+    /// once; the awaiting coroutine's cancellation (a `||` timer, a cancelled co_spawn) ends the
+    /// wait with Errc::cancelled without affecting the GPU work; a device error fails it with
+    /// Errc::device_error; destroying the executor's context with the wait pending drops it.
     [[nodiscard]] virtual Task<Result<void>> wait(Event event) = 0;
     /// Resumes the awaiting coroutine once the work queued on `stream` so far has finished.
     [[nodiscard]] Task<Result<void>> synchronize(Stream stream);
@@ -94,12 +135,25 @@ struct SimBackendOptions {
     std::chrono::microseconds op_delay{0};    ///< added before each queued copy/host op (makes missing waits visible)
 };
 
+/// Options of the cuda backend.
+struct CudaBackendOptions {
+    std::string runtime;                           ///< libcudart to load; empty: TP_CUDART, else libcudart.so.13/.12/.11
+    int streams_per_device = 4;                    ///< size of each device's pool of non-blocking streams
+    std::size_t staging_bytes = std::size_t{32} << 20;  ///< pinned host memory allocated up front for allocate_host
+};
+
+/// A new cuda backend (backend_for makes one with default options on first use, unless one was
+/// registered). Errc::not_supported saying why CUDA is unusable here (no runtime, no driver, no
+/// device) or in a build without CUDA; Errc::device_error when setting up a device fails.
+[[nodiscard]] Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions options = {});
+
 /// The host backend (always present).
 [[nodiscard]] DeviceBackend& cpu_backend() noexcept;
 
 /// The backend serving `device`: cpu always; for cuda the installed sim backend, else the
-/// registered CUDA backend. Errc::not_supported when the build has no CUDA, Errc::device_error
-/// when there is no such device.
+/// registered CUDA backend, else the process's cuda backend (made on first use).
+/// Errc::not_supported when the build has no CUDA or CUDA is unusable here (the message says
+/// why), Errc::device_error when there is no such device.
 [[nodiscard]] Result<DeviceBackend*> backend_for(Device device);
 
 /// Test only: makes `backend_for(cuda:i)` answer a sim backend with `options.devices` devices,

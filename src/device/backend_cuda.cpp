@@ -1,0 +1,373 @@
+// The cuda DeviceBackend: stream-ordered device memory, pinned staging memory, pooled
+// non-blocking streams, events, and waits that resume coroutines (cuda_wait.cpp).
+#include <tensorplay/device/backend.hpp>
+
+#include "device/cuda_device.hpp"
+
+#include <cstring>
+#include <map>
+
+namespace tensorplay::detail {
+namespace {
+
+// Device memory from the device's pool, freed (stream-ordered) on the stream it was allocated on.
+class CudaStorage final : public Storage {
+public:
+    CudaStorage(std::shared_ptr<CudaDevice> dev, std::uint32_t stream, std::uint8_t* p, std::size_t n)
+        : dev_(std::move(dev)), stream_(stream), data_(p), size_(n) {}
+    ~CudaStorage() override {
+        if (data_ == nullptr) return;
+        DeviceGuard guard(dev_->api(), dev_->index());
+        if (auto e = dev_->api().cudaFreeAsync(data_, dev_->stream(stream_)); e != cudaSuccess) (void)dev_->failure("cudaFreeAsync", e);
+    }
+    CudaStorage(const CudaStorage&) = delete;
+    CudaStorage& operator=(const CudaStorage&) = delete;
+    Device device() const noexcept override { return Device::cuda(dev_->index()); }
+    std::uint8_t* data() noexcept override { return data_; }
+    std::size_t size() const noexcept override { return size_; }
+
+private:
+    std::shared_ptr<CudaDevice> dev_;
+    std::uint32_t stream_;
+    std::uint8_t* data_;
+    std::size_t size_;
+};
+
+// Pinned host memory: one cudaHostAlloc up front, handed out first-fit in 256-byte units (a
+// cudaFreeHost per staging buffer would synchronise the device). When it is exhausted a buffer
+// gets its own cudaHostAlloc (slow path).
+class PinnedArena : public std::enable_shared_from_this<PinnedArena> {
+public:
+    static constexpr std::size_t unit = 256;
+    PinnedArena(std::shared_ptr<const CudaApi> api, std::uint8_t* base, std::size_t size) : api_(std::move(api)), base_(base), size_(size) {
+        if (size_ != 0) free_[0] = size_;
+    }
+    ~PinnedArena() {
+        if (base_ != nullptr) (void)api_->cudaFreeHost(base_);
+    }
+    PinnedArena(const PinnedArena&) = delete;
+    PinnedArena& operator=(const PinnedArena&) = delete;
+    const CudaApi& api() const noexcept { return *api_; }
+
+    std::uint8_t* take(std::size_t n) {
+        const std::size_t len = (n + unit - 1) / unit * unit;
+        std::lock_guard lock(mutex_);
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            if (it->second < len) continue;
+            const auto off = it->first;
+            const auto rest = it->second - len;
+            free_.erase(it);
+            if (rest != 0) free_[off + len] = rest;
+            return base_ + off;
+        }
+        return nullptr;
+    }
+    void give(std::uint8_t* p, std::size_t n) {
+        std::size_t off = static_cast<std::size_t>(p - base_);
+        std::size_t len = (n + unit - 1) / unit * unit;
+        std::lock_guard lock(mutex_);
+        auto next = free_.lower_bound(off);
+        if (next != free_.end() && off + len == next->first) {  // merge with the following block
+            len += next->second;
+            next = free_.erase(next);
+        }
+        if (next != free_.begin()) {  // and with the preceding one
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == off) {
+                prev->second += len;
+                return;
+            }
+        }
+        free_[off] = len;
+    }
+
+private:
+    std::shared_ptr<const CudaApi> api_;
+    std::uint8_t* base_;
+    std::size_t size_;
+    std::mutex mutex_;
+    std::map<std::size_t, std::size_t> free_;  // offset -> length
+};
+
+class PinnedStorage final : public Storage {
+public:
+    PinnedStorage(std::shared_ptr<PinnedArena> arena, std::uint8_t* p, std::size_t n, bool own)
+        : arena_(std::move(arena)), data_(p), size_(n), own_(own) {}
+    ~PinnedStorage() override {
+        if (data_ == nullptr) return;
+        if (own_) (void)arena_->api().cudaFreeHost(data_);
+        else arena_->give(data_, size_);
+    }
+    PinnedStorage(const PinnedStorage&) = delete;
+    PinnedStorage& operator=(const PinnedStorage&) = delete;
+    Device device() const noexcept override { return Device::cpu(); }
+    std::uint8_t* data() noexcept override { return data_; }
+    std::size_t size() const noexcept override { return size_; }
+
+private:
+    std::shared_ptr<PinnedArena> arena_;
+    std::uint8_t* data_;
+    std::size_t size_;
+    bool own_;
+};
+
+std::atomic<std::uint64_t> foreign_groups{std::uint64_t{1} << 62};  // groups of events opened from handles
+
+class CudaBackend final : public DeviceBackend {
+public:
+    CudaBackend(std::shared_ptr<const CudaApi> api, int count, CudaBackendOptions o) : api_(std::move(api)), options_(std::move(o)) {
+        for (int i = 0; i < count; ++i) devices_.push_back(std::make_shared<CudaDevice>(api_, i, options_.streams_per_device));
+    }
+
+    Result<void> init_staging() {
+        std::uint8_t* base = nullptr;
+        if (options_.staging_bytes != 0) {
+            DeviceGuard guard(*api_, 0);
+            void* p = nullptr;
+            if (auto e = api_->cudaHostAlloc(&p, options_.staging_bytes, cudaHostAllocPortable); e != cudaSuccess)
+                return fail(cuda_error(*api_, "cudaHostAlloc of the " + std::to_string(options_.staging_bytes) +
+                                                  "-byte staging pool",
+                                       0, e));
+            base = static_cast<std::uint8_t*>(p);
+        }
+        arena_ = std::make_shared<PinnedArena>(api_, base, options_.staging_bytes);
+        return ok();
+    }
+
+    std::string_view name() const noexcept override { return "cuda"; }
+    DeviceType type() const noexcept override { return DeviceType::cuda; }
+    int device_count() const noexcept override { return static_cast<int>(devices_.size()); }
+    bool host_accessible() const noexcept override { return false; }
+
+    Result<std::shared_ptr<Storage>> allocate(Device device, std::size_t nbytes) override {
+        return allocate_on(Stream{device, 0}, nbytes);
+    }
+
+    Result<std::shared_ptr<Storage>> allocate_on(Stream stream, std::size_t nbytes) override {
+        auto dev = stream_device(stream, "allocate");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        if (nbytes == 0) return std::shared_ptr<Storage>(std::make_shared<CudaStorage>(*dev, stream.id, nullptr, 0));
+        DeviceGuard guard(d.api(), d.index());
+        void* p = nullptr;
+        if (auto e = d.api().cudaMallocFromPoolAsync(&p, nbytes, d.pool(), d.stream(stream.id)); e != cudaSuccess)
+            return fail(Error(d.failure("cudaMallocFromPoolAsync", e)).context("allocating " + std::to_string(nbytes) + " bytes"));
+        return std::shared_ptr<Storage>(std::make_shared<CudaStorage>(*dev, stream.id, static_cast<std::uint8_t*>(p), nbytes));
+    }
+
+    Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes) override {
+        if (auto* p = arena_->take(nbytes == 0 ? 1 : nbytes))
+            return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(arena_, p, nbytes, false));
+        DeviceGuard guard(*api_, 0);
+        void* p = nullptr;
+        if (auto e = api_->cudaHostAlloc(&p, nbytes, cudaHostAllocPortable); e != cudaSuccess)
+            return fail(cuda_error(*api_, "cudaHostAlloc", 0, e).context("staging pool exhausted; allocating " +
+                                                                           std::to_string(nbytes) + " pinned bytes"));
+        return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(arena_, static_cast<std::uint8_t*>(p), nbytes, true));
+    }
+
+    Result<DeviceProperties> properties(Device device) override {
+        auto dev = device_of(device, "properties");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        DeviceProperties p;
+        p.device = Device::cuda(d.index());
+        struct Attr { cudaDeviceAttr attr; int* out; };
+        for (auto [attr, out] : {Attr{cudaDevAttrComputeCapabilityMajor, &p.compute_major},
+                                 Attr{cudaDevAttrComputeCapabilityMinor, &p.compute_minor},
+                                 Attr{cudaDevAttrMultiProcessorCount, &p.multiprocessors}}) {
+            if (auto e = d.api().cudaDeviceGetAttribute(out, attr, d.index()); e != cudaSuccess)
+                return fail(d.failure("cudaDeviceGetAttribute", e));
+        }
+        char bus[32] = {};
+        if (auto e = d.api().cudaDeviceGetPCIBusId(bus, sizeof bus, d.index()); e != cudaSuccess)
+            return fail(d.failure("cudaDeviceGetPCIBusId", e));
+        p.pci_bus_id = bus;
+        std::size_t free = 0;
+        if (auto e = d.api().cudaMemGetInfo(&free, &p.total_memory); e != cudaSuccess) return fail(d.failure("cudaMemGetInfo", e));
+        return p;
+    }
+
+    Result<Stream> default_stream(Device device) override {
+        auto dev = device_of(device, "default_stream");
+        if (!dev) return fail(std::move(dev).error());
+        return Stream{Device::cuda((*dev)->index()), 0};
+    }
+
+    Result<Stream> acquire_stream(Device device) override {
+        auto dev = device_of(device, "acquire_stream");
+        if (!dev) return fail(std::move(dev).error());
+        return Stream{Device::cuda((*dev)->index()), (*dev)->next_stream()};
+    }
+
+    Result<void*> native_stream(Stream stream) override {
+        auto dev = stream_device(stream, "native_stream");
+        if (!dev) return fail(std::move(dev).error());
+        return static_cast<void*>((*dev)->stream(stream.id));
+    }
+
+    Result<void> copy_async(Stream stream, std::uint8_t* dst, const std::uint8_t* src, std::size_t n,
+                            std::shared_ptr<void> keep_alive) override {
+        auto dev = stream_device(stream, "copy_async");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        if (n == 0) return ok();
+        DeviceGuard guard(d.api(), d.index());
+        // cudaMemcpyDefault: the direction follows from the pointers (unified addressing).
+        if (auto e = d.api().cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d.stream(stream.id)); e != cudaSuccess)
+            return fail(d.failure("cudaMemcpyAsync", e));
+        if (keep_alive) return hold_until_done(d, stream.id, std::move(keep_alive));
+        return ok();
+    }
+
+    Result<void> enqueue_host(Stream stream, std::function<void()> fn) override {
+        auto dev = stream_device(stream, "enqueue_host");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        auto* boxed = new std::function<void()>(std::move(fn));
+        // Runs on a CUDA thread: it must not call CUDA (documented for enqueue_host's users).
+        auto run = [](void* p) {
+            std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
+            (*f)();
+        };
+        if (auto e = d.api().cudaLaunchHostFunc(d.stream(stream.id), run, boxed); e != cudaSuccess) {
+            delete boxed;
+            return fail(d.failure("cudaLaunchHostFunc", e));
+        }
+        return ok();
+    }
+
+    Result<Event> record_event(Stream stream) override {
+        auto dev = stream_device(stream, "record_event");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        auto ev = d.take_event();
+        if (!ev) return fail(std::move(ev).error());
+        auto seq = d.record(stream.id, *ev);
+        if (!seq) {
+            d.return_event(*ev);
+            return fail(std::move(seq).error());
+        }
+        return Event{std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), *seq, true)};
+    }
+
+    Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream) override {
+        auto dev = stream_device(stream, "record_ipc_event");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        cudaEvent_t ev = nullptr;
+        if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
+            return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
+        auto seq = d.record(stream.id, ev);
+        if (!seq) {
+            (void)d.api().cudaEventDestroy(ev);
+            return fail(std::move(seq).error());
+        }
+        auto state = std::make_shared<CudaEventState>(*dev, ev, group_of(d, stream.id), *seq, false);
+        cudaIpcEventHandle_t h;
+        if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
+        IpcHandle out;
+        static_assert(sizeof h == sizeof out);
+        std::memcpy(out.data(), &h, sizeof h);
+        return std::pair<Event, IpcHandle>(Event{std::move(state)}, out);
+    }
+
+    Result<Event> open_ipc_event(Device device, const IpcHandle& handle) override {
+        auto dev = device_of(device, "open_ipc_event");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        cudaIpcEventHandle_t h;
+        std::memcpy(&h, handle.data(), sizeof h);
+        cudaEvent_t ev = nullptr;
+        if (auto e = d.api().cudaIpcOpenEventHandle(&ev, h); e != cudaSuccess) return fail(d.failure("cudaIpcOpenEventHandle", e));
+        return Event{std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false)};
+    }
+
+    Result<void> wait_event(Stream stream, const Event& event) override {
+        auto dev = stream_device(stream, "wait_event");
+        if (!dev) return fail(std::move(dev).error());
+        if (!event.state()) return ok();
+        auto* st = dynamic_cast<CudaEventState*>(event.state().get());
+        if (st == nullptr)
+            return fail(Errc::invalid_argument, "cuda backend: wait_event on " + stream.device.str() + " with an event of another backend");
+        if (auto s = st->device().sticky()) return fail(*s);
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        if (auto e = d.api().cudaStreamWaitEvent(d.stream(stream.id), st->event(), 0); e != cudaSuccess)
+            return fail(d.failure("cudaStreamWaitEvent", e));
+        return ok();
+    }
+
+    Task<Result<void>> wait(Event event) override {
+        auto st = std::dynamic_pointer_cast<CudaEventState>(event.state());
+        if (event.state() && !st) return fallback_wait(event.state());
+        return await_cuda_event(std::move(st));
+    }
+
+private:
+    static Task<Result<void>> fallback_wait(std::shared_ptr<EventState> state) { return await_event(std::move(state)); }
+
+    static std::uint64_t group_of(const CudaDevice& d, std::uint32_t id) {
+        return (static_cast<std::uint64_t>(d.index()) << 32) | id;
+    }
+
+    // keep_alive is released by a host function once the stream has passed the copy.
+    Result<void> hold_until_done(CudaDevice& d, std::uint32_t id, std::shared_ptr<void> keep_alive) {
+        auto* boxed = new std::shared_ptr<void>(std::move(keep_alive));
+        auto release = [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); };
+        if (auto e = d.api().cudaLaunchHostFunc(d.stream(id), release, boxed); e != cudaSuccess) {
+            delete boxed;  // the copy is queued; the caller must keep the buffers alive (the error says why)
+            return fail(d.failure("cudaLaunchHostFunc", e));
+        }
+        return ok();
+    }
+
+    Result<std::shared_ptr<CudaDevice>> device_of(Device device, std::string_view what) {
+        if (!device.is_cuda())
+            return fail(Errc::device_error, "cuda backend: " + std::string(what) + " on " + device.str() + ", which is not a cuda device");
+        const int idx = device.has_index() ? device.index : 0;
+        if (idx >= static_cast<int>(devices_.size()))
+            return fail(Errc::device_error, "cuda backend: " + std::string(what) + " on " + device.str() + ": this process sees only " +
+                                                std::to_string(devices_.size()) + " CUDA device(s)");
+        auto& d = devices_[static_cast<std::size_t>(idx)];
+        if (auto r = d->ready(); !r) return fail(std::move(r).error());
+        return d;
+    }
+
+    Result<std::shared_ptr<CudaDevice>> stream_device(Stream stream, std::string_view what) {
+        auto dev = device_of(stream.device, what);
+        if (!dev) return dev;
+        if (stream.id > (*dev)->pooled())
+            return fail(Errc::device_error, "cuda backend: " + std::string(what) + ": no stream " + std::to_string(stream.id) + " on " +
+                                                stream.device.str() + " (it has " + std::to_string((*dev)->pooled()) + " pooled streams)");
+        return dev;
+    }
+
+    std::shared_ptr<const CudaApi> api_;
+    CudaBackendOptions options_;
+    std::vector<std::shared_ptr<CudaDevice>> devices_;
+    std::shared_ptr<PinnedArena> arena_;
+};
+
+}  // namespace
+}  // namespace tensorplay::detail
+
+namespace tensorplay {
+
+Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions options) {
+    auto api = options.runtime.empty() ? detail::default_cuda_api() : detail::load_cuda_api(options.runtime);
+    if (!api) return fail(api.error());
+    auto count = detail::usable_device_count(**api);
+    if (!count) return fail(std::move(count).error());
+    if (options.streams_per_device < 1) options.streams_per_device = 1;
+    auto b = std::make_shared<detail::CudaBackend>(*api, *count, std::move(options));
+    if (auto r = b->init_staging(); !r) return fail(std::move(r).error());
+    return std::shared_ptr<DeviceBackend>(std::move(b));
+}
+
+}  // namespace tensorplay

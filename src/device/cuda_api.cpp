@@ -1,0 +1,115 @@
+// Loading the CUDA runtime with dlopen, CUDA error values, the device guard.
+#include "device/cuda_api.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace tensorplay::detail {
+
+namespace {
+
+std::string device_name(int device) { return device < 0 ? std::string() : " on cuda:" + std::to_string(device); }
+
+}  // namespace
+
+Result<std::shared_ptr<const CudaApi>> load_cuda_api(const std::string& path) {
+    // One table per path: dlopen hands back the same handle anyway, and the table is immutable.
+    static std::mutex mutex;
+    static auto* loaded = new std::map<std::string, std::shared_ptr<const CudaApi>>;  // never destroyed
+    std::lock_guard lock(mutex);
+    if (auto it = loaded->find(path); it != loaded->end()) return it->second;
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+        const char* why = ::dlerror();
+        return fail(Errc::not_supported, "no CUDA runtime: cannot load " + path + " (" + (why ? why : "unknown") + ")");
+    }
+    auto api = std::make_shared<CudaApi>();
+    api->path = path;
+    api->handle = handle;
+#define TP_CUDA_FN(name)                                                                                       \
+    api->name = reinterpret_cast<decltype(&::name)>(::dlsym(handle, #name));                                 \
+    if (api->name == nullptr)                                                                                 \
+        return fail(Errc::not_supported, "the CUDA runtime " + path + " lacks " #name " (a runtime older than 11.2?)");
+#include "device/cuda_api_list.inc"
+#undef TP_CUDA_FN
+    std::shared_ptr<const CudaApi> result = std::move(api);
+    loaded->emplace(path, result);
+    return result;
+}
+
+const Result<std::shared_ptr<const CudaApi>>& default_cuda_api() {
+    static const Result<std::shared_ptr<const CudaApi>> api = []() -> Result<std::shared_ptr<const CudaApi>> {
+        if (const char* env = std::getenv("TP_CUDART"); env != nullptr && *env != '\0') {
+            auto r = load_cuda_api(env);
+            if (!r) return fail(std::move(r).error().context("TP_CUDART"));
+            return r;
+        }
+        std::string tried;
+        for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}) {
+            auto r = load_cuda_api(name);
+            if (r) return r;
+            tried += tried.empty() ? "" : "; ";
+            tried += r.error().message();
+        }
+        return fail(Errc::not_supported, "no CUDA runtime found (" + tried + ")");
+    }();
+    return api;
+}
+
+Result<int> usable_device_count(const CudaApi& api) {
+    int driver = 0;
+    if (api.cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+        return fail(Errc::not_supported, "no CUDA driver: the runtime " + api.path +
+                                             " loaded but no NVIDIA driver is installed");
+    int n = 0;  // left unchanged on failure
+    if (auto e = api.cudaGetDeviceCount(&n); e != cudaSuccess) {
+        (void)api.cudaGetLastError();  // clear it so that later calls start clean
+        if (e == cudaErrorNoDevice) return fail(Errc::not_supported, "no CUDA device is visible to this process");
+        return fail(cuda_error(api, "cudaGetDeviceCount", -1, e).context("CUDA is unusable here"));
+    }
+    if (n <= 0) return fail(Errc::not_supported, "no CUDA device is visible to this process");
+    return n;
+}
+
+Error cuda_error(const CudaApi& api, std::string_view call, int device, cudaError_t e) {
+    const char* name = api.cudaGetErrorName(e);
+    const char* text = api.cudaGetErrorString(e);
+    return Error(Errc::device_error, std::string(call) + device_name(device) + " failed: " +
+                                         (name ? name : "cudaError " + std::to_string(static_cast<int>(e))) + " (" +
+                                         (text ? text : "no description") + ")");
+}
+
+bool is_sticky(cudaError_t e) noexcept {
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+        return true;
+    default:
+        return false;
+    }
+}
+
+DeviceGuard::DeviceGuard(const CudaApi& api, int device) noexcept : api_(api) {
+    int current = -1;
+    if (api_.cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    status_ = api_.cudaSetDevice(device);
+    if (status_ == cudaSuccess) previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+    if (previous_ >= 0) (void)api_.cudaSetDevice(previous_);
+}
+
+}  // namespace tensorplay::detail

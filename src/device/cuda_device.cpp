@@ -1,0 +1,105 @@
+// CudaDevice: lazy setup of a device's streams and memory pool, its events, its sticky error.
+#include "device/cuda_device.hpp"
+
+#include <cstdint>
+
+namespace tensorplay::detail {
+
+CudaDevice::~CudaDevice() {
+    if (!initialised_) return;
+    DeviceGuard guard(*api_, index_);
+    for (auto e : free_events_) (void)api_->cudaEventDestroy(e);
+    for (std::size_t i = 1; i < streams_.size(); ++i) (void)api_->cudaStreamDestroy(streams_[i]);
+}
+
+Result<void> CudaDevice::ready() {
+    if (failed_.load(std::memory_order_acquire)) return fail(*sticky());
+    std::lock_guard lock(mutex_);
+    if (initialised_) return ok();
+    DeviceGuard guard(*api_, index_);
+    if (guard.status() != cudaSuccess) return fail(cuda_error(*api_, "cudaSetDevice", index_, guard.status()));
+    std::vector<cudaStream_t> streams(1, nullptr);  // id 0: the legacy default stream
+    auto undo = [&] {
+        for (std::size_t i = 1; i < streams.size(); ++i) (void)api_->cudaStreamDestroy(streams[i]);
+    };
+    for (int i = 0; i < wanted_; ++i) {
+        cudaStream_t s = nullptr;
+        if (auto e = api_->cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+            undo();
+            return fail(cuda_error(*api_, "cudaStreamCreateWithFlags", index_, e));
+        }
+        streams.push_back(s);
+    }
+    cudaMemPool_t pool = nullptr;
+    if (auto e = api_->cudaDeviceGetDefaultMemPool(&pool, index_); e != cudaSuccess) {
+        undo();
+        return fail(cuda_error(*api_, "cudaDeviceGetDefaultMemPool", index_, e));
+    }
+    // Keep freed memory in the pool instead of returning it at every synchronisation: allocation
+    // after free is then a pool hit, not a driver call.
+    std::uint64_t keep = UINT64_MAX;
+    if (auto e = api_->cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep); e != cudaSuccess) {
+        undo();
+        return fail(cuda_error(*api_, "cudaMemPoolSetAttribute", index_, e));
+    }
+    streams_ = std::move(streams);
+    seqs_.assign(streams_.size(), 0);
+    pool_ = pool;
+    initialised_ = true;
+    return ok();
+}
+
+std::optional<Error> CudaDevice::sticky() const {
+    if (!failed_.load(std::memory_order_acquire)) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    return sticky_;
+}
+
+Error CudaDevice::failure(std::string_view call, cudaError_t e) {
+    Error err = cuda_error(*api_, call, index_, e);
+    if (!is_sticky(e) && !failed_.load(std::memory_order_acquire)) return err;
+    std::lock_guard lock(mutex_);
+    if (!sticky_) {
+        sticky_ = Error(Errc::device_error, err.message() + "; cuda:" + std::to_string(index_) +
+                                                " is unusable from here on (a sticky CUDA error: restart the process)");
+        failed_.store(true, std::memory_order_release);
+    }
+    return *sticky_;
+}
+
+std::uint32_t CudaDevice::next_stream() noexcept {
+    return 1 + next_.fetch_add(1, std::memory_order_relaxed) % static_cast<std::uint32_t>(wanted_);
+}
+
+Result<std::uint64_t> CudaDevice::record(std::uint32_t id, cudaEvent_t event) {
+    std::lock_guard lock(record_mutex_);
+    if (auto e = api_->cudaEventRecord(event, streams_[id]); e != cudaSuccess) return fail(failure("cudaEventRecord", e));
+    return ++seqs_[id];
+}
+
+Result<cudaEvent_t> CudaDevice::take_event() {
+    {
+        std::lock_guard lock(mutex_);
+        if (!free_events_.empty()) {
+            auto e = free_events_.back();
+            free_events_.pop_back();
+            return e;
+        }
+    }
+    cudaEvent_t ev = nullptr;
+    if (auto e = api_->cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess)
+        return fail(failure("cudaEventCreateWithFlags", e));
+    return ev;
+}
+
+void CudaDevice::return_event(cudaEvent_t e) noexcept {
+    std::lock_guard lock(mutex_);
+    if (free_events_.size() < 4096) {
+        free_events_.push_back(e);
+        return;
+    }
+    DeviceGuard guard(*api_, index_);
+    (void)api_->cudaEventDestroy(e);
+}
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,356 @@
+// Tests of the cuda backend: loading, devices, memory, copies, ordering across streams, errors.
+// Run against the fake runtime (TP_CUDART, the normal suite) and the real one (`cuda` suite, [fake]
+// cases excluded).
+#include "cuda_support.hpp"
+#include "support/deadline.hpp"
+#include "support/processes.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace tensorplay;
+using namespace tensorplay::test;
+using namespace std::chrono_literals;
+
+namespace {
+std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
+    std::vector<std::uint8_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 31 + static_cast<std::size_t>(seed)) & 0xff);
+    return v;
+}
+void sync(DeviceBackend& b, Stream s) {
+    run_with_deadline(10s, [&]() -> Task<void> {
+        auto r = co_await b.synchronize(s);
+        REQUIRE(r);
+    });
+}
+}  // namespace
+
+TEST_CASE("without a CUDA runtime, make_cuda_backend says which library it could not load", "[cuda][load]") {
+    CudaBackendOptions o;
+    o.runtime = "/nonexistent/libcudart.so.13";
+    auto b = make_cuda_backend(o);
+    REQUIRE_FALSE(b);
+    CHECK(b.error().code() == Errc::not_supported);
+    CHECK_THAT(b.error().message(), Catch::Contains("no CUDA runtime") && Catch::Contains("/nonexistent/libcudart.so.13"));
+}
+
+// Registered as its own test with TP_CUDART pointing nowhere: the process's default loading.
+TEST_CASE("a process without a CUDA runtime sees no devices and refuses cuda tensors", "[.noruntime]") {
+    CHECK(cuda_device_count() == 0);
+    auto t = empty(Device::cuda(0), DType::float32, {4});
+    REQUIRE_FALSE(t);
+    CHECK(t.error().code() == Errc::not_supported);
+    CHECK_THAT(t.error().message(), Catch::Contains("cuda:0") && Catch::Contains("no CUDA runtime"));
+    REQUIRE(empty(Device::cpu(), DType::float32, {4}));
+}
+
+TEST_CASE("no driver and no device are not_supported, saying so", "[cuda][load][fake]") {
+    if (!fake().present) return;
+    fake().set_driver(0);
+    auto no_driver = make_cuda_backend();
+    CHECK(cuda_device_count() == 0);
+    fake().set_driver(1);
+    REQUIRE_FALSE(no_driver);
+    CHECK(no_driver.error().code() == Errc::not_supported);
+    CHECK_THAT(no_driver.error().message(), Catch::Contains("no CUDA driver"));
+
+    fake().set_visible_devices(0);
+    auto no_device = make_cuda_backend();
+    CHECK(cuda_device_count() == 0);
+    fake().set_visible_devices(2);
+    REQUIRE_FALSE(no_device);
+    CHECK(no_device.error().code() == Errc::not_supported);
+    CHECK_THAT(no_device.error().message(), Catch::Contains("no CUDA device"));
+    CHECK(cuda_device_count() == 2);
+}
+
+TEST_CASE("the cuda backend reports its devices and refuses ones it does not have", "[cuda]") {
+    auto& b = cuda();
+    CHECK(b.name() == "cuda");
+    CHECK_FALSE(b.host_accessible());
+    CHECK(b.device_count() == cuda_device_count());
+    auto p = b.properties(Device::cuda(0));
+    REQUIRE(p);
+    CHECK(p->device == Device::cuda(0));
+    CHECK(p->compute_major > 0);
+    CHECK(p->total_memory > 0);
+    CHECK_FALSE(p->pci_bus_id.empty());
+    const Device missing = Device::cuda(b.device_count());
+    auto bad = b.allocate(missing, 16);
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code() == Errc::device_error);
+    CHECK_THAT(bad.error().message(), Catch::Contains(missing.str()));
+    auto t = empty(missing, DType::uint8, {4});
+    REQUIRE_FALSE(t);
+    CHECK(t.error().code() == Errc::device_error);
+    auto not_cuda = b.acquire_stream(Device::cpu());
+    REQUIRE_FALSE(not_cuda);
+    CHECK(not_cuda.error().code() == Errc::device_error);
+    auto no_stream = b.record_event(Stream{Device::cuda(0), 999});
+    REQUIRE_FALSE(no_stream);
+    CHECK(no_stream.error().code() == Errc::device_error);
+}
+
+TEST_CASE("pooled streams are distinct non-default streams; the default stream is the legacy one", "[cuda]") {
+    auto& b = cuda();
+    auto d = b.default_stream(Device::cuda(0));
+    auto s1 = b.acquire_stream(Device::cuda(0));
+    auto s2 = b.acquire_stream(Device::cuda(0));
+    REQUIRE(d);
+    REQUIRE(s1);
+    REQUIRE(s2);
+    CHECK(d->id == 0);
+    CHECK(*b.native_stream(*d) == nullptr);
+    CHECK(s1->id != 0);
+    CHECK_FALSE(*s1 == *s2);
+    CHECK(*b.native_stream(*s1) != *b.native_stream(*s2));
+}
+
+TEST_CASE("copies run host to device, device to device, across devices and back", "[cuda]") {
+    auto& b = cuda();
+    const std::size_t n = 3 << 20;
+    const auto src = pattern(n, 7);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto d0 = b.allocate_on(*s, n);
+    auto d0b = b.allocate_on(*s, n);
+    REQUIRE(d0);
+    REQUIRE(d0b);
+    CHECK((*d0)->device() == Device::cuda(0));
+    std::vector<std::uint8_t> back(n, 0);
+    REQUIRE(b.copy_async(*s, (*d0)->data(), src.data(), n));
+    REQUIRE(b.copy_async(*s, (*d0b)->data(), (*d0)->data(), n, *d0));
+    std::shared_ptr<Storage> last = *d0b;
+    if (b.device_count() > 1) {
+        auto d1 = b.allocate(Device::cuda(1), n);  // ordered on cuda:1's default stream
+        REQUIRE(d1);
+        sync(b, *b.default_stream(Device::cuda(1)));
+        REQUIRE(b.copy_async(*s, (*d1)->data(), (*d0b)->data(), n));
+        last = *d1;
+    }
+    REQUIRE(b.copy_async(*s, back.data(), last->data(), n, last));
+    sync(b, *s);
+    CHECK(back == src);
+
+    // Through pinned staging memory.
+    auto pinned = b.allocate_host(n);
+    REQUIRE(pinned);
+    CHECK((*pinned)->device() == Device::cpu());
+    REQUIRE(b.copy_async(*s, (*pinned)->data(), (*d0)->data(), n));
+    sync(b, *s);
+    CHECK(std::memcmp((*pinned)->data(), src.data(), n) == 0);
+}
+
+TEST_CASE("every call runs with its device current and leaves the caller's device alone", "[cuda][fake]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    if (b.device_count() < 2) return;
+    const long before = fake().wrong_device_calls();
+    REQUIRE(fake().set_device(1) == 0);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto m = b.allocate_on(*s, 4096);
+    REQUIRE(m);
+    std::vector<std::uint8_t> h(4096, 1);
+    REQUIRE(b.copy_async(*s, (*m)->data(), h.data(), h.size()));
+    auto ev = b.record_event(*s);
+    REQUIRE(ev);
+    auto s1 = b.acquire_stream(Device::cuda(1));
+    REQUIRE(s1);
+    REQUIRE(b.wait_event(*s1, *ev));
+    m->reset();
+    sync(b, *s);
+    int current = -1;
+    fake().get_device(&current);
+    CHECK(current == 1);
+    CHECK(fake().wrong_device_calls() == before);
+    fake().set_device(0);
+}
+
+TEST_CASE("device memory comes from the stream-ordered pool and goes back to it", "[cuda][fake]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    sync(b, *s);
+    const long before = fake().live_allocations(0);
+    {
+        auto m = b.allocate_on(*s, 1 << 20);
+        REQUIRE(m);
+        CHECK(fake().live_allocations(0) == before + 1);
+    }
+    sync(b, *s);  // cudaFreeAsync ran on the allocating stream
+    CHECK(fake().live_allocations(0) == before);
+}
+
+TEST_CASE("pinned staging memory comes from the pool allocated up front", "[cuda][fake]") {
+    if (!fake().present) return;
+    CudaBackendOptions o;
+    o.staging_bytes = 1 << 20;
+    auto b = make_cuda_backend(o);
+    REQUIRE(b);
+    const long calls = fake().host_alloc_calls();
+    {
+        auto a = (*b)->allocate_host(300 << 10);
+        auto c = (*b)->allocate_host(300 << 10);
+        REQUIRE(a);
+        REQUIRE(c);
+        CHECK((*a)->data() != (*c)->data());
+        CHECK(fake().host_alloc_calls() == calls);  // no cudaHostAlloc per buffer
+        auto big = (*b)->allocate_host(800 << 10);  // past what is left: its own cudaHostAlloc
+        REQUIRE(big);
+        CHECK(fake().host_alloc_calls() == calls + 1);
+    }
+    auto again = (*b)->allocate_host(1 << 20);  // the freed blocks merged back into one
+    REQUIRE(again);
+    CHECK(fake().host_alloc_calls() == calls + 1);
+}
+
+TEST_CASE("out of device memory is a device_error naming the call, the device and the CUDA error", "[cuda][fake]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    fake().set_mem_limit(0, 1 << 20);
+    auto r = b.allocate(Device::cuda(0), 2 << 20);
+    fake().set_mem_limit(0, std::size_t{4} << 30);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == Errc::device_error);
+    CHECK_THAT(r.error().message(), Catch::Contains("cudaMallocFromPoolAsync") && Catch::Contains("cuda:0") &&
+                                        Catch::Contains("cudaErrorMemoryAllocation") && Catch::Contains("out of memory"));
+    REQUIRE(b.allocate(Device::cuda(0), 2 << 20));  // not sticky: the next allocation works
+}
+
+TEST_CASE("a stream waiting on another stream's event sees its copy; without the wait it does not", "[cuda][fake]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    const std::size_t n = 64 << 10;
+    const auto src = pattern(n, 3);
+    auto run = [&](bool with_wait) {
+        auto a = b.acquire_stream(Device::cuda(0));
+        auto c = b.acquire_stream(Device::cuda(0));
+        REQUIRE(a);
+        REQUIRE(c);
+        REQUIRE_FALSE(*a == *c);
+        auto mid = b.allocate_on(*a, n);
+        REQUIRE(mid);
+        std::vector<std::uint8_t> zeros(n, 0), out(n, 1);
+        REQUIRE(b.copy_async(*a, (*mid)->data(), zeros.data(), n));
+        sync(b, *a);
+        fake().set_stream_delay(*b.native_stream(*a), 30000);  // a is slow: 30 ms per op
+        REQUIRE(b.copy_async(*a, (*mid)->data(), src.data(), n));
+        auto ev = b.record_event(*a);
+        REQUIRE(ev);
+        if (with_wait) REQUIRE(b.wait_event(*c, *ev));
+        REQUIRE(b.copy_async(*c, out.data(), (*mid)->data(), n));
+        sync(b, *c);
+        const bool saw = out == src;
+        sync(b, *a);
+        fake().set_stream_delay(*b.native_stream(*a), 0);
+        return saw;
+    };
+    CHECK(run(true));
+    CHECK_FALSE(run(false));  // the delay makes a missing wait visible
+}
+
+TEST_CASE("a sticky error fails every later operation on that device with the same error", "[cuda][fake]") {
+    if (!fake().present) return;
+    auto made = make_cuda_backend();
+    REQUIRE(made);
+    auto& b = **made;
+    const Device dev = Device::cuda(b.device_count() - 1);
+    auto s = b.acquire_stream(dev);
+    REQUIRE(s);
+    fake().fault(*b.native_stream(*s), 700 /* cudaErrorIllegalAddress */);
+    auto ev = b.record_event(*s);
+    REQUIRE(ev);
+    Result<void> waited = ok();
+    run_with_deadline(10s, [&]() -> Task<void> { waited = co_await wait_for(b, *ev); });
+    REQUIRE_FALSE(waited);
+    CHECK(waited.error().code() == Errc::device_error);
+    CHECK_THAT(waited.error().message(), Catch::Contains(dev.str()) && Catch::Contains("cudaErrorIllegalAddress") &&
+                                             Catch::Contains("an illegal memory access"));
+    auto alloc = b.allocate(dev, 16);
+    REQUIRE_FALSE(alloc);
+    CHECK(alloc.error() == waited.error());
+    std::uint8_t h[4] = {};
+    auto copy = b.copy_async(*s, h, h, 4);
+    REQUIRE_FALSE(copy);
+    CHECK(copy.error() == waited.error());
+    auto again = b.record_event(*s);
+    REQUIRE_FALSE(again);
+    CHECK(again.error() == waited.error());
+    if (b.device_count() > 1) CHECK(b.allocate(Device::cuda(0), 16));  // the other device is fine
+    fake().clear_fault(dev.index);
+}
+
+namespace {
+using IpcGet = int (*)(IpcHandle*, void*);
+using IpcOpen = int (*)(void**, IpcHandle, unsigned);
+using IpcClose = int (*)(void*);
+using Malloc = int (*)(void**, std::size_t);
+template <class F>
+F fake_fn(const char* name) {
+    void* h = ::dlopen(std::getenv("TP_CUDART"), RTLD_NOW | RTLD_NOLOAD);
+    return h ? reinterpret_cast<F>(::dlsym(h, name)) : nullptr;
+}
+std::string to_hex(const IpcHandle& h) {
+    std::string out;
+    for (auto c : h) {
+        out += "0123456789abcdef"[c >> 4];
+        out += "0123456789abcdef"[c & 15];
+    }
+    return out;
+}
+}  // namespace
+
+// The second process of the fake's shared-memory test: maps the parent's "device" memory from the
+// handle in TP_TEST_IPC_MEM, reads it and writes it back through the backend's copies.
+TEST_CASE("ipc memory child", "[.ipc_mem_child]") {
+    const std::string text = std::getenv("TP_TEST_IPC_MEM");
+    IpcHandle h{};
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+    void* p = nullptr;
+    REQUIRE(fake_fn<IpcOpen>("cudaIpcOpenMemHandle")(&p, h, 1) == 0);
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    std::vector<std::uint8_t> got(4096), mine = pattern(4096, 2);
+    REQUIRE(b.copy_async(*s, got.data(), static_cast<std::uint8_t*>(p), got.size()));
+    REQUIRE(b.copy_async(*s, static_cast<std::uint8_t*>(p), mine.data(), mine.size()));
+    sync(b, *s);
+    CHECK(got == pattern(4096, 1));
+    CHECK(fake_fn<IpcClose>("cudaIpcCloseMemHandle")(p) == 0);
+}
+
+TEST_CASE("the fake runtime shares device memory between processes through IPC handles", "[cuda][fake][ipc]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    void* p = nullptr;
+    REQUIRE(fake_fn<Malloc>("cudaMalloc")(&p, 4096) == 0);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    const auto first = pattern(4096, 1);
+    REQUIRE(b.copy_async(*s, static_cast<std::uint8_t*>(p), first.data(), first.size()));
+    sync(b, *s);
+    IpcHandle h{};
+    REQUIRE(fake_fn<IpcGet>("cudaIpcGetMemHandle")(&h, p) == 0);
+    auto pooled = b.allocate(Device::cuda(0), 4096);
+    REQUIRE(pooled);
+    IpcHandle no{};
+    CHECK(fake_fn<IpcGet>("cudaIpcGetMemHandle")(&no, (*pooled)->data()) != 0);  // as on a GPU: pool memory is not
+    char self[4096];
+    const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(len > 0);
+    self[len] = '\0';
+    std::vector<Child> child{spawn({self, "[.ipc_mem_child]"}, {"TP_TEST_IPC_MEM=" + to_hex(h)})};
+    wait_all(child, 20s);
+    INFO(child[0].describe());
+    REQUIRE(child[0].exited_ok());
+    std::vector<std::uint8_t> now(4096);
+    REQUIRE(b.copy_async(*s, now.data(), static_cast<std::uint8_t*>(p), now.size()));
+    sync(b, *s);
+    CHECK(now == pattern(4096, 2));  // the child's write
+}

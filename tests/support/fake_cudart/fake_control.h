@@ -1,0 +1,34 @@
+/* The control API of the fake CUDA runtime (libfake_cudart.so), a TEST DOUBLE: tests find these
+ * functions with dlsym in the library that TP_CUDART names. Never installed. */
+#pragma once
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Number of devices cudaGetDeviceCount reports (0: cudaErrorNoDevice). Starts at FAKE_CUDA_DEVICES or 2. */
+void fake_cuda_set_visible_devices(int n);
+/** 0: behave as a host without a driver (cudaErrorInsufficientDriver, driver version 0). */
+void fake_cuda_set_driver(int present);
+/** Device memory limit of `device` in bytes: allocations past it fail with cudaErrorMemoryAllocation. */
+void fake_cuda_set_mem_limit(int device, size_t bytes);
+/** Queues a "kernel" on `stream` that faults with `error` (e.g. 700, an illegal address): the
+ *  device's context then fails every later call with that sticky error. */
+void fake_cuda_fault(void* stream, int error);
+/** Test only, impossible on a GPU: forgets the sticky error of `device`. */
+void fake_cuda_clear_fault(int device);
+/** Sleeps `us` microseconds before each copy or host function that `stream` runs. */
+void fake_cuda_set_stream_delay(void* stream, long us);
+/** Live device allocations on `device`. */
+long fake_cuda_live_allocations(int device);
+/** Calls of cudaHostAlloc so far, and live pinned host allocations. */
+long fake_cuda_host_alloc_calls(void);
+long fake_cuda_live_host_allocations(void);
+/** Calls that used a stream, event or pool of one device while another device was current. */
+long fake_cuda_wrong_device_calls(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,516 @@
+// A fake CUDA runtime (TEST DOUBLE, never installed): the subset of the runtime API that the cuda
+// backend loads, on host memory, so that the backend's own code runs in every CI run. Streams run
+// their queues in order on one worker thread each; events are points in those queues; device
+// memory is tagged host memory in a memfd heap per device. See fake_control.h for injection.
+#include "fake_state.hpp"
+#include "fake_control.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace fake {
+
+State& state() {
+    static State* s = [] {
+        auto* st = new State;  // never destroyed: stream threads may outlive static destruction
+        if (const char* n = std::getenv("FAKE_CUDA_DEVICES")) st->visible = std::atoi(n);
+        for (int i = 0; i < max_devices; ++i) st->devices[i].heap.limit = std::size_t{4} << 30;
+        return st;
+    }();
+    return *s;
+}
+
+namespace {
+struct Keys {
+    pthread_key_t device, error;
+    Keys() {
+        pthread_key_create(&device, nullptr);
+        pthread_key_create(&error, nullptr);
+    }
+};
+const Keys& keys() {
+    static const Keys k;
+    return k;
+}
+}  // namespace
+
+int current_device() { return static_cast<int>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().device))); }
+void set_current_device(int d) { pthread_setspecific(keys().device, reinterpret_cast<void*>(static_cast<std::intptr_t>(d))); }
+cudaError_t last_error() { return static_cast<cudaError_t>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().error))); }
+void set_last_error(cudaError_t e) { pthread_setspecific(keys().error, reinterpret_cast<void*>(static_cast<std::intptr_t>(e))); }
+
+cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess) set_last_error(e);
+    return e;
+}
+
+cudaError_t sticky(int device) {
+    if (device < 0 || device >= max_devices) return cudaSuccess;
+    return static_cast<cudaError_t>(state().devices[device].sticky.load());
+}
+
+void check_current(int device) {
+    if (device != current_device()) ++state().wrong_device;
+}
+
+namespace {
+
+constexpr std::size_t align = 512;
+
+Heap& heap_locked(int device) {
+    auto& h = state().devices[device].heap;
+    if (h.base == nullptr) {
+        h.size = std::size_t{64} << 30;  // virtual only: MAP_NORESERVE, pages appear when touched
+        h.fd = ::memfd_create("fake-cuda-device", MFD_CLOEXEC);
+        if (h.fd < 0 || ::ftruncate(h.fd, static_cast<off_t>(h.size)) != 0) std::abort();
+        void* p = ::mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, h.fd, 0);
+        if (p == MAP_FAILED) std::abort();
+        h.base = static_cast<std::uint8_t*>(p);
+        h.free[0] = h.size;
+    }
+    return h;
+}
+
+cudaError_t heap_alloc(int device, std::size_t n, void** out) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    auto& h = heap_locked(device);
+    const std::size_t len = (std::max<std::size_t>(n, 1) + align - 1) / align * align;
+    if (h.used + len > h.limit) return cudaErrorMemoryAllocation;
+    for (auto it = h.free.begin(); it != h.free.end(); ++it) {
+        if (it->second < len) continue;
+        const auto off = it->first, rest = it->second - len;
+        h.free.erase(it);
+        if (rest) h.free[off + len] = rest;
+        h.live[off] = len;
+        h.used += len;
+        *out = h.base + off;
+        return cudaSuccess;
+    }
+    return cudaErrorMemoryAllocation;
+}
+
+// Returns false for a pointer that is not the start of a live allocation.
+bool heap_free(void* p) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    for (auto& d : s.devices) {
+        auto& h = d.heap;
+        if (h.base == nullptr || p < h.base || p >= h.base + h.size) continue;
+        const auto off = static_cast<std::size_t>(static_cast<std::uint8_t*>(p) - h.base);
+        auto it = h.live.find(off);
+        if (it == h.live.end()) return false;
+        std::size_t len = it->second;
+        h.live.erase(it);
+        h.plain.erase(off);
+        h.used -= len;
+        std::size_t start = off;
+        auto next = h.free.lower_bound(off);
+        if (next != h.free.end() && off + len == next->first) {
+            len += next->second;
+            next = h.free.erase(next);
+        }
+        if (next != h.free.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == start) {
+                prev->second += len;
+                return true;
+            }
+        }
+        h.free[start] = len;
+        return true;
+    }
+    return false;
+}
+
+void worker(CUstream_st* s) {
+    auto& st = state();
+    for (;;) {
+        Op op;
+        {
+            std::lock_guard lock(s->mutex);
+            s->busy = false;
+        }
+        {
+            std::lock_guard g(st.mutex);  // (wait_idle holds it while it checks; never both locks here)
+        }
+        st.progress.notify_all();
+        {
+            std::unique_lock lock(s->mutex);
+            s->cv.wait(lock, [&] { return !s->queue.empty() || s->stop; });
+            if (s->queue.empty()) break;
+            op = std::move(s->queue.front());
+            s->queue.pop_front();
+            s->busy = true;
+        }
+        if (sticky(s->device) != cudaSuccess) continue;  // a faulted context runs nothing more
+        if (op.wait_for) {
+            std::unique_lock lock(st.mutex);
+            while (op.wait_for->completed.load() < op.wait_target && sticky(s->device) == cudaSuccess)
+                st.progress.wait_for(lock, std::chrono::milliseconds(1));  // (another process may complete it)
+            continue;
+        }
+        if (op.fault != 0) {
+            st.devices[s->device].sticky = op.fault;
+            continue;
+        }
+        if (op.delayed && s->delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(s->delay_us.load()));
+        if (op.fn) op.fn();
+    }
+    std::lock_guard lock(st.mutex);
+    st.streams.erase(s);
+    delete s;
+}
+
+CUstream_st* new_stream(int device) {
+    auto* s = new CUstream_st;
+    s->device = device;
+    {
+        std::lock_guard lock(state().mutex);
+        state().streams.insert(s);
+    }
+    std::thread(worker, s).detach();
+    return s;
+}
+
+}  // namespace
+
+cudaError_t plain_alloc(int device, std::size_t n, void** out) {
+    if (auto e = heap_alloc(device, n, out); e != cudaSuccess) return e;
+    std::lock_guard lock(state().mutex);
+    auto& h = state().devices[device].heap;
+    h.plain.insert(static_cast<std::size_t>(static_cast<std::uint8_t*>(*out) - h.base));
+    return cudaSuccess;
+}
+
+int device_of(const void* p, std::size_t n) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    auto* b = static_cast<const std::uint8_t*>(p);
+    if (auto it = s.imported.upper_bound(b); it != s.imported.begin()) {
+        --it;
+        if (b >= it->first && b < it->first + it->second.size)
+            return b + n <= it->first + it->second.size ? it->second.device : -2;
+    }
+    for (int d = 0; d < max_devices; ++d) {
+        auto& h = s.devices[d].heap;
+        auto* b = static_cast<const std::uint8_t*>(p);
+        if (h.base == nullptr || b < h.base || b >= h.base + h.size) continue;
+        const auto off = static_cast<std::size_t>(b - h.base);
+        auto it = h.live.upper_bound(off);
+        if (it == h.live.begin()) return -2;
+        --it;
+        return off + n <= it->first + it->second ? d : -2;
+    }
+    return -1;
+}
+
+// The stream a handle names: nullptr and the legacy/per-thread handles are the current device's
+// default stream.
+CUstream_st* resolve(cudaStream_t s) {
+    if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) return s;
+    auto& d = state().devices[current_device()];
+    std::lock_guard lock(state().mutex);
+    if (d.default_stream == nullptr) {
+        auto* st = new CUstream_st;
+        st->device = current_device();
+        state().streams.insert(st);
+        std::thread(worker, st).detach();
+        d.default_stream = st;
+    }
+    return d.default_stream;
+}
+
+void push(CUstream_st* s, Op op) {
+    {
+        std::lock_guard lock(s->mutex);
+        s->queue.push_back(std::move(op));
+    }
+    s->cv.notify_one();
+}
+
+void wait_idle(CUstream_st* s) {
+    auto& st = state();
+    std::unique_lock lock(st.mutex);
+    for (;;) {
+        {
+            std::lock_guard g(s->mutex);
+            if (s->queue.empty() && !s->busy) return;
+        }
+        st.progress.wait_for(lock, std::chrono::milliseconds(1));
+    }
+}
+
+void complete_event(const std::shared_ptr<EventShared>& e, std::uint64_t target) {
+    auto& st = state();
+    {
+        std::lock_guard lock(st.mutex);
+        auto c = e->completed.load();
+        while (c < target && !e->completed.compare_exchange_weak(c, target)) {}
+    }
+    st.progress.notify_all();
+}
+
+}  // namespace fake
+
+using namespace fake;
+
+#define FAKE_CHECK_DEVICE(dev)                                          \
+    do {                                                                \
+        if (auto e_ = sticky(dev); e_ != cudaSuccess) return set_error(e_); \
+    } while (0)
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    if (!state().driver) return set_error(cudaErrorInsufficientDriver);
+    if (state().visible <= 0) return set_error(cudaErrorNoDevice);
+    *count = std::min(state().visible.load(), max_devices);
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+    *v = state().driver ? 13000 : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+    *v = 13000;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+    *d = current_device();
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    if (!state().driver) return set_error(cudaErrorInsufficientDriver);
+    if (d < 0 || d >= std::min(state().visible.load(), max_devices)) return set_error(cudaErrorInvalidDevice);
+    set_current_device(d);
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+    auto e = last_error();
+    set_last_error(cudaSuccess);
+    if (auto s = sticky(current_device()); s != cudaSuccess) return s;
+    return e;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    default: *value = 0;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
+    if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    std::snprintf(bus, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + device);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+    FAKE_CHECK_DEVICE(current_device());
+    std::lock_guard lock(state().mutex);
+    auto& h = state().devices[current_device()].heap;
+    *total = h.limit;
+    *free = h.limit > h.used ? h.limit - h.used : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+    if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    std::lock_guard lock(state().mutex);
+    auto& d = state().devices[device];
+    if (d.pool == nullptr) d.pool = new CUmemPoolHandle_st{device};
+    *pool = d.pool;
+    return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* value) {
+    if (pool == nullptr || value == nullptr) return set_error(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t pool, cudaStream_t stream) {
+    auto* s = resolve(stream);
+    check_current(s->device);
+    if (pool == nullptr || pool->device != s->device) return set_error(cudaErrorInvalidValue);
+    FAKE_CHECK_DEVICE(s->device);
+    return set_error(heap_alloc(s->device, n, p));
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+    auto* s = resolve(stream);
+    check_current(s->device);
+    FAKE_CHECK_DEVICE(s->device);
+    if (device_of(p, 0) < 0) return set_error(cudaErrorInvalidValue);
+    bool idle = false;
+    {
+        std::lock_guard lock(s->mutex);  // (never with state().mutex: wait_idle takes them the other way)
+        idle = s->queue.empty() && !s->busy;
+    }
+    if (idle) {
+        // An idle stream has passed everything before the free: the block is reusable at once (as a
+        // pool reuses memory freed in stream order); otherwise the free waits for its turn.
+        (void)heap_free(p);
+        return cudaSuccess;
+    }
+    push(s, Op{[p] { (void)heap_free(p); }, nullptr, 0, 0, false});
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) {
+    FAKE_CHECK_DEVICE(current_device());
+    return set_error(plain_alloc(current_device(), n, p));
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    std::vector<CUstream_st*> mine;
+    {
+        std::lock_guard lock(state().mutex);
+        for (auto* s : state().streams)
+            if (s->device == current_device()) mine.push_back(s);
+    }
+    for (auto* s : mine) wait_idle(s);  // (streams are not destroyed during a test's synchronize)
+    FAKE_CHECK_DEVICE(current_device());
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+    if (p == nullptr) return cudaSuccess;
+    // As on a GPU: cudaFree waits for all work of the device first.
+    if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
+    return heap_free(p) ? cudaSuccess : set_error(cudaErrorInvalidValue);
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+    ++state().host_alloc_calls;
+    *p = std::aligned_alloc(4096, (std::max<std::size_t>(n, 1) + 4095) / 4096 * 4096);
+    if (*p == nullptr) return set_error(cudaErrorMemoryAllocation);
+    std::lock_guard lock(state().mutex);
+    state().host.insert(*p);
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+    {
+        std::lock_guard lock(state().mutex);
+        if (state().host.erase(p) == 0) return set_error(cudaErrorInvalidValue);
+    }
+    std::free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+    FAKE_CHECK_DEVICE(current_device());
+    *s = new_stream(current_device());
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (s == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+    check_current(s->device);
+    {
+        std::lock_guard lock(s->mutex);
+        s->stop = true;  // the worker finishes the queue, then frees the stream
+    }
+    s->cv.notify_one();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    auto* s = resolve(stream);
+    check_current(s->device);
+    FAKE_CHECK_DEVICE(s->device);
+    wait_idle(s);
+    FAKE_CHECK_DEVICE(s->device);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+    auto* s = resolve(stream);
+    check_current(s->device);
+    FAKE_CHECK_DEVICE(s->device);
+    const int dd = device_of(dst, n), sd = device_of(src, n);
+    if (dd == -2 || sd == -2) return set_error(cudaErrorInvalidValue);  // past the end of an allocation
+    const bool to_dev = dd >= 0, from_dev = sd >= 0;
+    const bool fits = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && to_dev && !from_dev) ||
+                      (kind == cudaMemcpyDeviceToHost && !to_dev && from_dev) ||
+                      (kind == cudaMemcpyDeviceToDevice && to_dev && from_dev) ||
+                      (kind == cudaMemcpyHostToHost && !to_dev && !from_dev);
+    if (!fits) return set_error(cudaErrorInvalidMemcpyDirection);
+    push(s, Op{[dst, src, n] { std::memmove(dst, src, n); }, nullptr, 0, 0, true});
+    return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user) {
+    auto* s = resolve(stream);
+    check_current(s->device);
+    FAKE_CHECK_DEVICE(s->device);
+    push(s, Op{[fn, user] { fn(user); }, nullptr, 0, 0, true});
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags);  // fake_ipc.cpp (interprocess events)
+cudaError_t cudaEventDestroy(cudaEvent_t ev);                             // fake_ipc.cpp
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
+    if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+    auto* s = resolve(stream);
+    check_current(s->device);
+    if (ev->device != s->device) return set_error(cudaErrorInvalidResourceHandle);
+    FAKE_CHECK_DEVICE(s->device);
+    const auto target = ev->shared->recorded.fetch_add(1) + 1;
+    push(s, Op{[shared = ev->shared, target] { complete_event(shared, target); }, nullptr, 0, 0, false});
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+    if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+    FAKE_CHECK_DEVICE(ev->device);
+    return ev->shared->completed.load() >= ev->shared->recorded.load() ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+    if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+    auto& st = state();
+    const auto target = ev->shared->recorded.load();
+    std::unique_lock lock(st.mutex);
+    while (ev->shared->completed.load() < target && sticky(ev->device) == cudaSuccess)
+        st.progress.wait_for(lock, std::chrono::milliseconds(1));
+    lock.unlock();
+    FAKE_CHECK_DEVICE(ev->device);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned) {
+    if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+    auto* s = resolve(stream);
+    check_current(s->device);
+    FAKE_CHECK_DEVICE(s->device);
+    const auto target = ev->shared->recorded.load();
+    if (target != 0) push(s, Op{nullptr, ev->shared, target, 0, false});
+    return cudaSuccess;
+}
+
+// ---- control API (fake_control.h) ----
+
+void fake_cuda_set_visible_devices(int n) { state().visible = n; }
+void fake_cuda_set_driver(int present) { state().driver = present; }
+void fake_cuda_set_mem_limit(int device, size_t bytes) {
+    std::lock_guard lock(state().mutex);
+    state().devices[device].heap.limit = bytes;
+}
+void fake_cuda_fault(void* stream, int error) {
+    auto* s = resolve(static_cast<cudaStream_t>(stream));
+    push(s, Op{nullptr, nullptr, 0, error, false});
+}
+void fake_cuda_clear_fault(int device) {
+    state().devices[device].sticky = 0;
+    state().progress.notify_all();
+}
+void fake_cuda_set_stream_delay(void* stream, long us) { resolve(static_cast<cudaStream_t>(stream))->delay_us = us; }
+long fake_cuda_live_allocations(int device) {
+    std::lock_guard lock(state().mutex);
+    return static_cast<long>(state().devices[device].heap.live.size());
+}
+long fake_cuda_host_alloc_calls(void) { return state().host_alloc_calls; }
+long fake_cuda_live_host_allocations(void) {
+    std::lock_guard lock(state().mutex);
+    return static_cast<long>(state().host.size());
+}
+long fake_cuda_wrong_device_calls(void) { return state().wrong_device; }
+
+}  // extern "C"

@@ -1,0 +1,118 @@
+// The fake CUDA runtime's state (TEST DOUBLE): devices as memfd-backed heaps of host memory,
+// streams as one worker thread each, events as counters in (possibly shared) memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace fake {
+
+constexpr int max_devices = 8;
+
+// An event's completion state: `recorded` is the target of its latest record, `completed` how far
+// the stream got. In a memfd page for interprocess events, so another process sees it.
+struct EventShared {
+    std::atomic<std::uint64_t> recorded{0};
+    std::atomic<std::uint64_t> completed{0};
+};
+
+struct Op {
+    std::function<void()> fn;                 // copy, host function, free, event completion
+    std::shared_ptr<EventShared> wait_for;    // a cudaStreamWaitEvent point
+    std::uint64_t wait_target = 0;
+    int fault = 0;                            // a faulting "kernel"
+    bool delayed = false;
+};
+
+struct Heap {
+    int fd = -1;
+    std::uint8_t* base = nullptr;
+    std::size_t size = 0;
+    std::size_t limit = 0;
+    std::size_t used = 0;
+    std::map<std::size_t, std::size_t> free;  // offset -> length
+    std::map<std::size_t, std::size_t> live;  // offset -> length
+    std::set<std::size_t> plain;              // offsets of cudaMalloc blocks (the IPC-exportable ones)
+};
+
+// Another process's device memory mapped here by cudaIpcOpenMemHandle.
+struct Imported {
+    std::size_t size;
+    int device;
+    void* map;
+    std::size_t map_len;
+};
+
+struct Device {
+    Heap heap;
+    std::atomic<int> sticky{0};
+    CUstream_st* default_stream = nullptr;
+    CUmemPoolHandle_st* pool = nullptr;
+};
+
+struct State {
+    std::mutex mutex;                         // heaps, host allocations, stream list
+    std::condition_variable progress;         // any event completed, any stream went idle
+    Device devices[max_devices];
+    std::atomic<int> visible{2};
+    std::atomic<int> driver{1};
+    std::set<void*> host;
+    std::map<const std::uint8_t*, Imported> imported;  // by start
+    std::set<CUstream_st*> streams;
+    std::atomic<long> host_alloc_calls{0};
+    std::atomic<long> wrong_device{0};
+};
+
+State& state();
+// Per-thread current device and last error, in pthread keys rather than thread_local: the dynamic
+// TLS of a dlopen'ed library crashed LeakSanitizer's tracer (GCC 12, glibc 2.36).
+int current_device();
+void set_current_device(int d);
+cudaError_t last_error();
+void set_last_error(cudaError_t e);
+
+/// Records `e` as the thread's last error and returns it.
+cudaError_t set_error(cudaError_t e);
+/// The sticky error of `device` or cudaSuccess.
+cudaError_t sticky(int device);
+/// Counts a call that used `device`'s resource while another device was current.
+void check_current(int device);
+/// The device whose heap holds [p, p+n) as part of one live allocation; -1 if none, -2 when p is
+/// in a heap but the range is not inside an allocation.
+int device_of(const void* p, std::size_t n);
+/// cudaMalloc's allocation (heap_alloc plus the IPC-exportable mark).
+cudaError_t plain_alloc(int device, std::size_t n, void** out);
+
+}  // namespace fake
+
+struct CUstream_st {
+    int device = 0;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<fake::Op> queue;
+    bool busy = false;
+    bool stop = false;
+    std::atomic<long> delay_us{0};
+};
+
+struct CUevent_st {
+    int device = 0;
+    unsigned flags = 0;
+    std::shared_ptr<fake::EventShared> shared;
+    int fd = -1;  // the memfd of an interprocess event this process created
+};
+
+struct CUmemPoolHandle_st {
+    int device = 0;
+};
