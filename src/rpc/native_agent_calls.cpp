@@ -7,6 +7,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "transport/negotiate.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
@@ -316,40 +317,60 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
     HandshakeAuth auth;
     auth.key = auth_key;
-    // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
-    auto connecting = Connection::connect(p.host, p.port, hello(), limits, std::move(auth));
-    auto c = co_await std::move(connecting);
+    // The negotiation runs over the peer's lowest-priority address of a transport this worker
+    // has (its list is in its priority order: uv, when both have it); the handshake then chooses.
+    const TransportOffer* boot = nullptr;
+    for (auto it = p.addresses.rbegin(); it != p.addresses.rend() && !boot; ++it)
+        for (const auto& t : transports)
+            if (t->name() == it->name) boot = &*it;
+    Result<Address> address = fail(Errc::not_supported, "no common transport between worker \"" + self.name + "\" (offers " +
+                                                            offer_names(transport_offers) + ") and worker \"" + p.info.name +
+                                                            "\" (offers " + offer_names(p.addresses) + ")");
+    if (boot) address = Address::parse(boot->address);
+    const std::string where = boot ? boot->address : std::string("(no common transport)");
+    std::optional<Result<std::shared_ptr<Connection>>> c;
+    if (!address) {
+        c.emplace(fail(address.error()));
+    } else {
+        // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
+        auto connecting = Connection::connect(std::move(*address), hello(), limits, std::move(auth));
+        c.emplace(co_await std::move(connecting));
+    }
     auto done = std::move(p.connecting);
     p.connecting.reset();
     done->cancel();
-    if (!c) {
-        // A refusal (or a peer that fails our check of its key) is unauthorized: retrying will not help.
-        const Errc code = c.error().code();
+    if (!*c) {
+        // A refusal (or a peer that fails our check of its key) is unauthorized, and no common
+        // transport is not_supported: retrying will not help either.
+        const Errc code = c->error().code();
         if (code == Errc::unauthorized)
-            p.last_connect_error = Error(Errc::unauthorized, "cannot connect to worker \"" + p.info.name + "\": " + c.error().message(),
+            p.last_connect_error = Error(Errc::unauthorized, "cannot connect to worker \"" + p.info.name + "\": " + c->error().message(),
+                                         p.info.name);
+        else if (code == Errc::not_supported)
+            p.last_connect_error = Error(Errc::not_supported, "cannot connect to worker \"" + p.info.name + "\": " + c->error().message(),
                                          p.info.name);
         else
             p.last_connect_error = Error(code == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
-                                         "cannot reach worker \"" + p.info.name + "\" at " + p.host + ":" + std::to_string(p.port) +
-                                             ": " + c.error().message(),
+                                         "cannot reach worker \"" + p.info.name + "\" at " + where + ": " + c->error().message(),
                                          p.info.name);
         co_return fail(*p.last_connect_error);
     }
+    auto& conn = **c;
     p.last_connect_error.reset();
     if (state == State::closed) {
-        (*c)->close();
+        conn->close();
         co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
     }
-    if ((*c)->peer().name != p.info.name || (*c)->peer().rank != rank) {
-        (*c)->close();
+    if (conn->peer().name != p.info.name || conn->peer().rank != rank) {
+        conn->close();
         co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" (rank " + std::to_string(rank) + ") at " +
-                                                 p.host + ":" + std::to_string(p.port) + ", found \"" + (*c)->peer().name +
-                                                 "\" (rank " + std::to_string((*c)->peer().rank) + ")");
+                                                 where + ", found \"" + conn->peer().name + "\" (rank " +
+                                                 std::to_string(conn->peer().rank) + ")");
     }
-    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" at " + p.host + ":" +
-                                    std::to_string(p.port));
-    adopt_connection(*c, rank);
-    co_return std::move(*c);
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" over " +
+                                    conn->transport() + " (negotiated at " + where + ")");
+    adopt_connection(conn, rank);
+    co_return std::move(conn);
 }
 
 namespace {
@@ -553,6 +574,11 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
         p.worker = peers[r].info.name;
         p.rank = static_cast<int>(r);
         p.connected = peers[r].conn && peers[r].conn->is_open();
+        if (p.connected) {
+            p.transport = peers[r].conn->transport();
+            for (const auto& ch : peers[r].conn->negotiated().channels)
+                p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
+        }
         p.calls_in_flight = peers[r].pending.size();
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
@@ -572,7 +598,16 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
     co_return d;
 }
 
-std::string NativeAgent::listen_address() const { return core_->host + ":" + std::to_string(core_->port); }
+std::vector<std::string> NativeAgent::listen_urls() const {
+    std::vector<std::string> out;
+    for (const auto& o : core_->transport_offers) out.push_back(o.address);
+    return out;
+}
+
+std::string NativeAgent::listen_address() const {
+    if (!core_->host.empty() || core_->transport_offers.empty()) return core_->host + ":" + std::to_string(core_->port);
+    return core_->transport_offers.front().address;
+}
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
     if (rank < 0 || rank >= static_cast<int>(core_->peers.size())) return nullptr;
