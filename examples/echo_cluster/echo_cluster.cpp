@@ -90,6 +90,8 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local, bool stat
             std::printf("%s -> %s: transport %s, channel %s\n", name.c_str(), p.worker.c_str(),
                         p.transport.empty() ? "(none)" : p.transport.c_str(), p.channel.empty() ? "(none)" : p.channel.c_str());
         std::fflush(stdout);
+    } else {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), info.error().to_string().c_str());
     }
 
     // Tensor contents are made up front: filling 1 MiB inside the loop would stall this worker's
