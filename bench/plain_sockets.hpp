@@ -7,8 +7,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <string>
 #include <cstdint>
 #include <vector>
 
@@ -26,8 +31,44 @@ inline void no_delay(int fd) {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/// A listening socket on 127.0.0.1 with a kernel-chosen port.
+/// Whether the plain sockets are Unix stream sockets (the uds baseline) instead of TCP loopback.
+/// Set before the plain processes are forked; they all see the same value.
+inline bool& use_unix() {
+    static bool u = false;
+    return u;
+}
+
+/// The abstract name of the plain server's Unix socket: set by listen_loopback, before the
+/// processes that connect to it are forked.
+inline std::string& unix_name() {
+    static std::string name;
+    return name;
+}
+
+inline sockaddr_un unix_address(socklen_t& len) {
+    const std::string& name = unix_name();
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    return a;
+}
+
+/// A listening socket on 127.0.0.1 with a kernel-chosen port (or, use_unix(), on an abstract
+/// Unix socket; `port` is then 1).
 inline int listen_loopback(std::uint16_t& port) {
+    if (use_unix()) {
+        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) die("socket");
+        static int listens = 0;
+        unix_name() = "tensorplay-bench-plain-" + std::to_string(::getpid()) + "-" + std::to_string(++listens);
+        socklen_t len = 0;
+        auto a = unix_address(len);
+        if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) die("bind");
+        if (::listen(fd, 16) != 0) die("listen");
+        port = 1;
+        return fd;
+    }
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) die("socket");
     sockaddr_in a{};
@@ -42,6 +83,14 @@ inline int listen_loopback(std::uint16_t& port) {
 }
 
 inline int connect_loopback(std::uint16_t port) {
+    if (use_unix()) {
+        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) die("socket");
+        socklen_t len = 0;
+        auto a = unix_address(len);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) die("connect");
+        return fd;
+    }
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) die("socket");
     sockaddr_in a{};

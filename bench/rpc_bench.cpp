@@ -1,7 +1,9 @@
 // rpc_bench: latency, calls/s and tensor bandwidth of the native agent between two local worker
 // processes, beside the same measures over plain sockets; prints one JSON object.
 //
-// Usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
+// Usage: rpc_bench [--transport uv|uds] [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
+//   --transport: what both workers are restricted to (`_transports`); the baseline's plain sockets
+//   are TCP loopback for uv and Unix stream sockets (abstract namespace) for uds (and shm later).
 //   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
 // Latency alternates --blocks N (default 20) pairs of RPC and plain blocks of round trips in one
@@ -23,6 +25,8 @@ namespace {
 
 struct Config {
     std::string pin = "same";
+    std::string transport = "uv";
+    std::string channel = "basic";
     int iters = 20000;
     long calls = 100000;
     int reps_1mib = 100;
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
             return argv[++i];
         };
         if (a == "--pin") cfg.pin = next();
+        else if (a == "--transport") cfg.transport = next();
         else if (a == "--iters") cfg.iters = std::stoi(next());
         else if (a == "--calls") cfg.calls = std::stol(next());
         else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
@@ -95,7 +100,8 @@ int main(int argc, char** argv) {
             cfg.reps_1mib = 10;
             cfg.reps_64mib = 2;
         } else {
-            std::fprintf(stderr, "usage: rpc_bench [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]\n");
+            std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds] [--pin same|cross|none] [--iters N] [--calls N] "
+                                 "[--blocks N] [--quick]\n");
             return 2;
         }
     }
@@ -103,6 +109,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "rpc_bench: --pin must be same, cross or none\n");
         return 2;
     }
+
+    if (cfg.transport != "uv" && cfg.transport != "uds") {
+        std::fprintf(stderr, "rpc_bench: --transport must be uv or uds (shm is not built yet)\n");
+        return 2;
+    }
+    bench::plain::use_unix() = cfg.transport != "uv";
+    bench::rpc_detail::transport_choice() = cfg.transport;
 
     auto base = run_baseline(cfg);
     bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks};
@@ -128,7 +141,8 @@ int main(int argc, char** argv) {
     // The pooled medians' ratio, beside the paired one above.
     if (ours.count("p50_us") && base.count("p50_us") && base["p50_us"] > 0)
         std::printf(",\n    \"p50_us_pooled\": %.3f", ours["p50_us"] / base["p50_us"]);
-    std::printf("\n  },\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n", cfg.pin.c_str(),
+    std::printf("\n  },\n  \"transport\": \"%s\",\n  \"channel\": \"%s\",\n  \"baseline_socket\": \"%s\",\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n",
+                cfg.transport.c_str(), cfg.channel.c_str(), bench::plain::use_unix() ? "unix" : "tcp", cfg.pin.c_str(),
                 (ours.count("failed") || base.count("failed")) ? "false" : "true");
     return (ours.count("failed") || base.count("failed")) ? 1 : 0;
 }

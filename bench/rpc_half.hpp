@@ -33,9 +33,16 @@ namespace rpc_detail {
 
 using namespace tensorplay;
 
+/// The transport both workers are restricted to (rpc_bench --transport), set before they fork.
+inline std::string& transport_choice() {
+    static std::string t = "uv";
+    return t;
+}
+
 inline std::shared_ptr<TensorPipeRpcBackendOptions> options() {
     auto o = std::make_shared<TensorPipeRpcBackendOptions>();
     o->listen_address = "127.0.0.1";
+    o->transports = std::vector<std::string>{transport_choice()};
     o->num_worker_threads = 1;
     o->rpc_timeout = 120;
     return o;
@@ -239,6 +246,11 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
     std::vector<std::string> ready_key{"bench/ready"};  // (not braced inside co_await: GCC 12)
     if (auto w = co_await store->wait(ready_key, std::chrono::seconds(60)); !w) co_return 1;
     bool ok = true;
+    // The transport measured must be the one asked for (what the handshake negotiated).
+    if (auto info = co_await agent->get_debug_info(); !info || info->peers.empty() || info->peers[0].transport != transport_choice()) {
+        std::fprintf(stderr, "rpc_bench caller: the connection did not negotiate transport %s\n", transport_choice().c_str());
+        ok = false;
+    }
     std::vector<double> rtt, plain_rtt, pair_ratios;
     const int plain_fd = plain::open_phase(plain_port, 'L');
     co_await latency(*agent, plain_fd, cfg, rtt, plain_rtt, pair_ratios, ok);

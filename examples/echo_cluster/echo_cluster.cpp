@@ -1,8 +1,10 @@
 // echo_cluster: N workers rendezvous over env://, echo a 64-byte message and a 1 MiB tensor to every
 // other worker, check every byte, print latency percentiles and shut down gracefully.
 //
-//   echo_cluster --world-size 4 [--rounds 20] [--stats]   spawns 4 local workers (rank 0 hosts the store);
-//                                                          --stats: each prints its agent's counters as JSON
+//   echo_cluster --world-size 4 [--rounds 20] [--stats] [--transports uv,uds]
+//       spawns 4 local workers (rank 0 hosts the store); --stats: each prints its agent's counters as
+//       JSON; --transports: the workers' `_transports` (else ECHO_CLUSTER_TRANSPORTS, else all)
+// Each worker prints the transport and channel it negotiated with every other worker.
 //   MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. echo_cluster   runs one worker (torchrun, srun)
 //
 // Exit status 0 only if every worker got every reply intact and shut down cleanly.
@@ -58,6 +60,15 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local, bool stat
     auto options = std::make_shared<tp::TensorPipeRpcBackendOptions>();
     options->init_method = "env://";
     if (local) options->listen_address = "127.0.0.1";
+    if (auto list = env("ECHO_CLUSTER_TRANSPORTS"); !list.empty()) {
+        std::vector<std::string> names;
+        for (std::size_t at = 0; at <= list.size();) {
+            const auto comma = std::min(list.find(',', at), list.size());
+            names.push_back(list.substr(at, comma - at));
+            at = comma + 1;
+        }
+        options->transports = std::move(names);
+    }
     // Registered before init: the agent installs it before it reports ready, so a peer's first
     // call cannot arrive before "echo" exists.
     auto reg = tp::register_startup_handler("echo", [](tp::WorkerInfo, tp::Message m) -> tp::Task<tp::Result<tp::Message>> {
@@ -71,6 +82,16 @@ tp::Task<int> worker(int rank, int world_size, int rounds, bool local, bool stat
     if (!agent) {
         std::fprintf(stderr, "%s: init_rpc failed: %s\n", name.c_str(), agent.error().to_string().c_str());
         co_return 1;
+    }
+
+    // What every pair negotiated (the connections are open once init returns).
+    if (auto info = co_await (*agent)->get_debug_info(); info) {
+        for (const auto& p : info->peers)
+            std::printf("%s -> %s: transport %s, channel %s\n", name.c_str(), p.worker.c_str(),
+                        p.transport.empty() ? "(none)" : p.transport.c_str(), p.channel.empty() ? "(none)" : p.channel.c_str());
+        std::fflush(stdout);
+    } else {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), info.error().to_string().c_str());
     }
 
     // Tensor contents are made up front: filling 1 MiB inside the loop would stall this worker's
@@ -228,8 +249,9 @@ int main(int argc, char** argv) {
         else if (i + 1 < argc && a == "--rounds") rounds = std::atoi(argv[++i]);
         else if (i + 1 < argc && a == "--timeout") timeout_s = std::atoi(argv[++i]);
         else if (a == "--stats") stats = true;
+        else if (i + 1 < argc && a == "--transports") ::setenv("ECHO_CLUSTER_TRANSPORTS", argv[++i], 1);
         else {
-            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S] [--stats]\n"
+            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S] [--stats] [--transports uv,uds]\n"
                                  "   or: MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. %s\n", argv[0], argv[0]);
             return 2;
         }

@@ -41,7 +41,8 @@ std::string AgentDebugInfo::to_json() const {
     for (std::size_t i = 0; i < peers.size(); ++i) {
         const auto& p = peers[i];
         out += (i ? "," : "") + std::string("{\"worker\":") + json_string(p.worker) + ",\"rank\":" + std::to_string(p.rank) +
-               ",\"connected\":" + (p.connected ? "true" : "false") + ",\"calls_in_flight\":" + std::to_string(p.calls_in_flight) +
+               ",\"connected\":" + (p.connected ? "true" : "false") +
+               ",\"transport\":" + json_string(p.transport) + ",\"channel\":" + json_string(p.channel) + ",\"calls_in_flight\":" + std::to_string(p.calls_in_flight) +
                ",\"calls_done\":" + std::to_string(p.calls_done) + ",\"calls_failed\":" + std::to_string(p.calls_failed) +
                ",\"requests_served\":" + std::to_string(p.requests_served) + ",\"bytes_sent\":" + std::to_string(p.bytes_sent) +
                ",\"bytes_received\":" + std::to_string(p.bytes_received) + "}";

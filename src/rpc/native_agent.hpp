@@ -11,6 +11,7 @@
 #include "core/asio_compat.hpp"
 #include "rpc/agent_metrics.hpp"
 #include "core/resume_slot.hpp"
+#include "transport/transport.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
@@ -107,8 +108,8 @@ struct ServeWorker {
 /// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
 struct PeerLink {
     WorkerInfo info;
-    std::string host;
-    std::uint16_t port = 0;
+    /// Where it listens, one address per transport, in its priority order (published in the store).
+    std::vector<TransportOffer> addresses;
     std::shared_ptr<Connection> conn;
     std::shared_ptr<asio::steady_timer> connecting;  ///< set while a connect runs; cancelled when done
     std::unordered_map<std::uint64_t, PendingCall*, std::hash<std::uint64_t>, std::equal_to<std::uint64_t>,
@@ -152,8 +153,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<PeerLink> peers;      // by rank; the own entry is unused
     int last_called = -1;             // the rank ready_rank found last (never our own)
 
-    asio::ip::tcp::acceptor acceptor;
-    std::string host;
+    /// One per transport this worker uses, in priority order (native_agent_init.cpp).
+    std::vector<std::unique_ptr<Listener>> listeners;
+    std::vector<std::shared_ptr<const Transport>> transports;  ///< the same order
+    std::vector<TransportOffer> transport_offers;              ///< what hello() and the store record say
+    std::vector<ChannelOffer> channel_offers;
+    std::string host;  ///< the TCP listener's (empty without one)
     std::uint16_t port = 0;
     /// Cancelled once `workers` is known (or the agent closes): inbound peers are admitted against
     /// it, so the accept loop waits for it (early connections wait in the listen backlog).
@@ -287,8 +292,11 @@ public:
     [[nodiscard]] Task<Result<void>> shutdown(bool graceful = true, double timeout_sec = DEFAULT_SHUTDOWN_TIMEOUT) override;
     [[nodiscard]] Task<Result<AgentDebugInfo>> get_debug_info() override;
 
-    /// The address this agent listens on ("host:port").
+    /// The address this agent's TCP transport listens on ("host:port"); without one, the first
+    /// listener's URL.
     [[nodiscard]] std::string listen_address() const;
+    /// Every address this agent listens on, one per transport, highest priority first (URLs).
+    [[nodiscard]] std::vector<std::string> listen_urls() const;
     /// Test hook: the open outgoing connection to `rank`, if any.
     [[nodiscard]] std::shared_ptr<Connection> connection_to(int rank) const;
 

@@ -300,58 +300,6 @@ asio::thread_pool& AgentCore::worker_pool() {
     return *pool;
 }
 
-Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, Duration timeout) {
-    auto keep = shared_from_this();
-    PeerLink& p = peers[rank];
-    for (;;) {
-        if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
-        if (p.conn && p.conn->is_open()) co_return p.conn;
-        if (!p.connecting) break;
-        auto wait = p.connecting;
-        co_await wait->async_wait(use_nothrow);
-        if (!(p.conn && p.conn->is_open()) && p.last_connect_error) co_return fail(*p.last_connect_error);
-    }
-    p.connecting = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
-    auto limits = tuning.limits;
-    if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
-    HandshakeAuth auth;
-    auth.key = auth_key;
-    // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
-    auto connecting = Connection::connect(p.host, p.port, hello(), limits, std::move(auth));
-    auto c = co_await std::move(connecting);
-    auto done = std::move(p.connecting);
-    p.connecting.reset();
-    done->cancel();
-    if (!c) {
-        // A refusal (or a peer that fails our check of its key) is unauthorized: retrying will not help.
-        const Errc code = c.error().code();
-        if (code == Errc::unauthorized)
-            p.last_connect_error = Error(Errc::unauthorized, "cannot connect to worker \"" + p.info.name + "\": " + c.error().message(),
-                                         p.info.name);
-        else
-            p.last_connect_error = Error(code == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
-                                         "cannot reach worker \"" + p.info.name + "\" at " + p.host + ":" + std::to_string(p.port) +
-                                             ": " + c.error().message(),
-                                         p.info.name);
-        co_return fail(*p.last_connect_error);
-    }
-    p.last_connect_error.reset();
-    if (state == State::closed) {
-        (*c)->close();
-        co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
-    }
-    if ((*c)->peer().name != p.info.name || (*c)->peer().rank != rank) {
-        (*c)->close();
-        co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" (rank " + std::to_string(rank) + ") at " +
-                                                 p.host + ":" + std::to_string(p.port) + ", found \"" + (*c)->peer().name +
-                                                 "\" (rank " + std::to_string((*c)->peer().rank) + ")");
-    }
-    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" at " + p.host + ":" +
-                                    std::to_string(p.port));
-    adopt_connection(*c, rank);
-    co_return std::move(*c);
-}
-
 namespace {
 
 Duration timeout_duration(double secs) {
@@ -553,6 +501,11 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
         p.worker = peers[r].info.name;
         p.rank = static_cast<int>(r);
         p.connected = peers[r].conn && peers[r].conn->is_open();
+        if (p.connected) {
+            p.transport = peers[r].conn->transport();
+            for (const auto& ch : peers[r].conn->negotiated().channels)
+                p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
+        }
         p.calls_in_flight = peers[r].pending.size();
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
@@ -572,7 +525,16 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
     co_return d;
 }
 
-std::string NativeAgent::listen_address() const { return core_->host + ":" + std::to_string(core_->port); }
+std::vector<std::string> NativeAgent::listen_urls() const {
+    std::vector<std::string> out;
+    for (const auto& o : core_->transport_offers) out.push_back(o.address);
+    return out;
+}
+
+std::string NativeAgent::listen_address() const {
+    if (!core_->host.empty() || core_->transport_offers.empty()) return core_->host + ":" + std::to_string(core_->port);
+    return core_->transport_offers.front().address;
+}
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
     if (rank < 0 || rank >= static_cast<int>(core_->peers.size())) return nullptr;

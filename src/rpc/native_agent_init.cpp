@@ -24,10 +24,6 @@
 #include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,60 +38,19 @@ constexpr std::string_view kKeyPrefix = "native_agent/";
 
 Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
 
-/// The address of interface `ifname` (IPv4 first), as TensorPipe's TP_SOCKET_IFNAME does.
-Result<std::string> interface_address(const std::string& ifname) {
-    ifaddrs* list = nullptr;
-    if (getifaddrs(&list) != 0) return fail(Errc::io_error, "getifaddrs failed: " + std::string(std::strerror(errno)));
-    std::string found;
-    for (ifaddrs* a = list; a; a = a->ifa_next) {
-        if (!a->ifa_addr || ifname != a->ifa_name) continue;
-        char buf[INET6_ADDRSTRLEN] = {};
-        if (a->ifa_addr->sa_family == AF_INET) {
-            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
-            found = buf;
-            break;
-        }
-        if (a->ifa_addr->sa_family == AF_INET6 && found.empty()) {
-            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof buf);
-            found = buf;
-        }
-    }
-    freeifaddrs(list);
-    if (found.empty())
-        return fail(Errc::invalid_argument, "TP_SOCKET_IFNAME=" + ifname + ": no such interface with an IP address");
-    return found;
-}
-
-/// The address of this host's name, or 127.0.0.1 with a warning.
-std::string hostname_address() {
-    char name[256] = {};
-    if (gethostname(name, sizeof name - 1) == 0) {
-        addrinfo hints{};
-        hints.ai_family = AF_INET;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* res = nullptr;
-        if (getaddrinfo(name, nullptr, &hints, &res) == 0 && res) {
-            char buf[INET_ADDRSTRLEN] = {};
-            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
-            freeaddrinfo(res);
-            return buf;
-        }
-    }
-    log(LogLevel::warn, "rpc",
-        std::string("failed to look up the IP address for the hostname \"") + name + "\", defaulting to 127.0.0.1");
-    return "127.0.0.1";
-}
-
+/// A worker's entry in the store: who it is and where it listens, one address per transport.
 struct PeerRecord {
     std::string name;
     int rank = -1;
-    std::string host;
-    std::uint16_t port = 0;
+    std::vector<TransportOffer> addresses;
 };
+
+constexpr std::uint32_t kMaxRecordAddresses = 16;
 
 Bytes encode_record(const PeerRecord& p) {
     WireWriter w;
-    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).str32(p.host).u16(p.port);
+    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).u32(static_cast<std::uint32_t>(p.addresses.size()));
+    for (const auto& a : p.addresses) w.str32(a.name).str32(a.domain).str32(a.address);
     return std::move(w).take();
 }
 
@@ -103,14 +58,29 @@ Result<PeerRecord> decode_record(const Bytes& b) {
     WireReader r(b);
     PeerRecord p;
     auto version = r.u16();
+    // (Another version's layout is unknown past the version: refuse it by number first.)
+    if (!r.failed() && version != kProtocolVersion)
+        return fail(Errc::protocol_error, "a worker runs agent protocol version " + std::to_string(version) +
+                                              ", this worker runs version " + std::to_string(kProtocolVersion) +
+                                              " (run the same tensorplay-rpc release on every worker)");
     p.name = std::string(r.str32(1024, "worker name"));
     p.rank = r.i32();
-    p.host = std::string(r.str32(1024, "host"));
-    p.port = r.u16();
+    const auto n = r.u32();
+    if (!r.failed() && (n == 0 || n > kMaxRecordAddresses))
+        return fail(Errc::protocol_error, "the store's record of worker \"" + p.name + "\" lists " + std::to_string(n) +
+                                              " addresses (1 to " + std::to_string(kMaxRecordAddresses) + ")");
+    for (std::uint32_t i = 0; i < n && !r.failed(); ++i) {
+        TransportOffer a;
+        a.name = std::string(r.str32(256, "transport name"));
+        a.domain = std::string(r.str32(256, "transport domain"));
+        a.address = std::string(r.str32(256, "transport address"));
+        p.addresses.push_back(std::move(a));
+    }
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a worker address from the store"));
-    if (version != kProtocolVersion)
-        return fail(Errc::protocol_error, "worker \"" + p.name + "\" runs agent protocol version " + std::to_string(version) +
-                                              ", this worker runs version " + std::to_string(kProtocolVersion));
+    for (const auto& a : p.addresses)
+        if (auto parsed = Address::parse(a.address); !parsed || parsed->transport() != a.name)
+            return fail(Errc::protocol_error, "the store's record of worker \"" + p.name + "\" gives transport \"" + a.name +
+                                                  "\" the address \"" + a.address + "\"");
     return p;
 }
 
@@ -119,12 +89,13 @@ int local_cuda_device_count() {
     return b ? (*b)->device_count() : 0;
 }
 
-Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket socket) {
+Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream) {
     HandshakeAuth auth;
     auth.key = core->auth_key;
     auth.admit = [c = core.get()](const HelloInfo& peer) { return c->admit(peer); };  // (runs within this coroutine)
     // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
-    auto accepting = Connection::accept(std::move(socket), core->hello(), core->tuning.limits, std::move(auth));
+    auto accepting = Connection::accept(std::move(stream.socket), std::move(stream.transport), std::move(stream.endpoint),
+                                        core->hello(), core->tuning.limits, std::move(auth));
     auto c = co_await std::move(accepting);
     if (!c) {
         --core->inbound_open;
@@ -133,7 +104,8 @@ Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" rejected a connection: " + c.error().to_string());
         co_return;
     }
-    if (core->state == AgentCore::State::closed) {
+    if (core->state == AgentCore::State::closed || (*c)->redirected()) {
+        // (Redirected: it negotiated only; the peer comes back over the chosen transport.)
         --core->inbound_open;
         (*c)->close();
         co_return;
@@ -141,7 +113,7 @@ Task<void> accept_inbound(std::shared_ptr<AgentCore> core, asio::ip::tcp::socket
     core->adopt_connection(std::move(*c), -1);
 }
 
-Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
+Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
     // Peers are admitted against the roster, which start() reads after listening; a peer that is
     // faster waits in the listen backlog until then (within its handshake timeout).
     while (core->workers.empty() && core->state == AgentCore::State::starting) {
@@ -149,10 +121,13 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
         (void)ec;  // cancel() is the signal
     }
     for (;;) {
-        auto [ec, socket] = co_await core->acceptor.async_accept(use_nothrow);
-        if (core->state == AgentCore::State::closed || !core->acceptor.is_open()) co_return;
-        if (ec) {
-            log(LogLevel::warn, "rpc", "accept failed on worker \"" + core->self.name + "\": " + ec.message());
+        if (core->state == AgentCore::State::closed) co_return;
+        auto accepting = listener->accept();
+        auto stream = co_await std::move(accepting);
+        if (core->state == AgentCore::State::closed) co_return;
+        if (!stream) {
+            if (stream.error().code() == Errc::cancelled) co_return;
+            log(LogLevel::warn, "rpc", "accept failed on worker \"" + core->self.name + "\": " + stream.error().message());
             asio::steady_timer pause(core->ex, std::chrono::milliseconds(10));
             co_await pause.async_wait(use_nothrow);
             continue;
@@ -163,12 +138,12 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core) {
                                                " inbound connections (NativeAgentTuning::max_inbound_connections): closing new ones");
             core->inbound_full_logged = true;
             std::error_code ignored;
-            socket.close(ignored);
+            stream->socket.close(ignored);
             continue;
         }
         core->inbound_full_logged = false;
         ++core->inbound_open;
-        asio::co_spawn(core->ex, accept_inbound(core, std::move(socket)), log_task_error);
+        asio::co_spawn(core->ex, accept_inbound(core, std::move(*stream)), log_task_error);
     }
 }
 
@@ -181,7 +156,6 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       tuning(std::move(t)),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
-      acceptor(ex),
       roster_known(ex, asio::steady_timer::time_point::max()),
       sweep_timer(ex) {
     slots = &SlotRegistry::of(ex);
@@ -199,31 +173,15 @@ AgentCore::~AgentCore() {
         w->parked_in = nullptr;
         w->wake.abandon();
     }
-    std::error_code ec;
-    acceptor.close(ec);
+    for (auto& l : listeners) l->close();
 }
-
-namespace {
-/// Checks a `_transports` / `_channels` choice against what this agent implements: at least one
-/// must be available. "uv" is TensorPipe's name for its TCP transport, which ours replaces.
-Result<void> check_choice(const std::optional<std::vector<std::string>>& wanted, std::string_view what,
-                          std::initializer_list<std::string_view> available) {
-    if (!wanted) return ok();
-    for (const auto& w : *wanted)
-        for (auto a : available)
-            if (w == a) return ok();
-    std::string asked, have;
-    for (const auto& w : *wanted) asked += (asked.empty() ? "" : ", ") + w;
-    for (auto a : available) have += (have.empty() ? "" : ", ") + std::string(a);
-    return fail(Errc::not_supported, "none of the " + std::string(what) + " [" + asked +
-                                         "] is available in this agent (available: " + have + ")");
-}
-}  // namespace
 
 HelloInfo AgentCore::hello() const {
     HelloInfo h;
     h.name = self.name;
     h.rank = self.id;
+    h.transports = transport_offers;
+    h.channels = channel_offers;
     return h;
 }
 
@@ -272,48 +230,27 @@ Result<std::string> group_auth_key(const TensorPipeRpcBackendOptions* o) {
 }  // namespace
 
 Result<void> AgentCore::listen() {
-    std::string want;
-    std::uint16_t want_port = 0;
-    if (tp_options && !tp_options->listen_address.empty()) {
-        want = tp_options->listen_address;
-        if (want.rfind("unix:", 0) == 0)
-            return fail(Errc::not_supported, "listen_address \"" + want + "\": Unix sockets are not supported by this agent yet");
-        if (auto colon = want.rfind(':'); colon != std::string::npos && want.find(':') == colon) {
-            auto port_text = want.substr(colon + 1);
-            want = want.substr(0, colon);
-            char* end = nullptr;
-            long p = std::strtol(port_text.c_str(), &end, 10);
-            if (port_text.empty() || *end != '\0' || p < 0 || p > 65535)
-                return fail(Errc::invalid_argument, "listen_address has a bad port \"" + port_text + "\"");
-            want_port = static_cast<std::uint16_t>(p);
+    auto chosen = select_transports(tp_options ? tp_options->transports : std::nullopt);
+    if (!chosen) return fail(chosen.error());
+    auto chans = select_channels(tp_options ? tp_options->channels : std::nullopt);
+    if (!chans) return fail(chans.error());
+    ListenSpec spec;
+    if (tp_options) spec.tcp_address = tp_options->listen_address;
+    for (auto& t : *chosen) {
+        auto l = t->listen(ex, spec);
+        if (!l) return fail(std::move(l).error().context("listening for transport \"" + std::string(t->name()) + "\""));
+        const Address& a = (*l)->address();
+        if (a.kind == Address::Kind::tcp && host.empty()) {
+            host = a.host;
+            port = a.port;
         }
-    } else if (const char* ifname = std::getenv("TP_SOCKET_IFNAME"); ifname && *ifname) {
-        auto a = interface_address(ifname);
-        if (!a) return fail(a.error());
-        want = *a;
-    } else {
-        want = hostname_address();
+        transport_offers.push_back(TransportOffer{std::string(t->name()), t->domain(), a.str()});
+        listeners.push_back(std::move(*l));
+        transports.push_back(std::move(t));
     }
-    std::error_code ec;
-    auto addr = asio::ip::make_address(want, ec);
-    if (ec) return fail(Errc::invalid_argument, "cannot listen on \"" + want + "\": not an IP address");
-    asio::ip::tcp::endpoint ep(addr, want_port);
-    acceptor.open(ep.protocol(), ec);
-    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor.bind(ep, ec);
-    if (ec && addr != asio::ip::make_address("127.0.0.1") && !(tp_options && !tp_options->listen_address.empty())) {
-        log(LogLevel::warn, "rpc", "cannot listen on " + want + " (" + ec.message() + "), defaulting to 127.0.0.1");
-        std::error_code ignored;
-        acceptor.close(ignored);
-        ep = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
-        acceptor.open(ep.protocol(), ec);
-        if (!ec) acceptor.bind(ep, ec);
-    }
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return fail(from_error_code(ec, "listening on " + want));
-    auto local = acceptor.local_endpoint(ec);
-    host = local.address().to_string();
-    port = local.port();
+    // Every built channel carries CPU tensors today (basic: any peer); device channels add their
+    // device types here.
+    for (auto& c : *chans) channel_offers.push_back(ChannelOffer{c, "cpu", "any"});
     return ok();
 }
 
@@ -377,30 +314,28 @@ Task<Result<void>> AgentCore::start() {
     if (self.id < 0 || self.id >= world_size)
         co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
     if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
-    if (tp_options) {
-        if (auto c = check_choice(tp_options->transports, "_transports", {"tcp", "uv"}); !c) co_return c;
-        if (auto c = check_choice(tp_options->channels, "_channels", {"basic"}); !c) co_return c;
-    }
     // Startup handlers go in before anyone can reach this worker.
     for (auto& h : startup_handlers())
         if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
     if (auto k = group_auth_key(tp_options); !k) co_return fail(k.error());
     else auth_key = std::move(*k);
     if (auto l = listen(); !l) co_return l;
-    if (auth_key.empty()) {
+    std::string where;
+    for (const auto& o : transport_offers) where += (where.empty() ? "" : ", ") + o.address;
+    if (auth_key.empty() && !host.empty()) {
         std::error_code ec;
-        if (auto local = acceptor.local_endpoint(ec); !ec && !local.address().is_loopback())
+        if (auto a = asio::ip::make_address(host, ec); !ec && !a.is_loopback())
             log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" listens on " + host + ":" + std::to_string(port) +
                                            " without authentication: anyone who reaches it can call its handlers; set "
                                            "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
                                            "secret on every worker");
     }
-    asio::co_spawn(ex, accept_loop(shared_from_this()), log_task_error);
+    for (auto& l : listeners) asio::co_spawn(ex, accept_loop(shared_from_this(), l.get()), log_task_error);
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + " of " +
-                                   std::to_string(world_size) + ") listening on " + host + ":" + std::to_string(port));
+                                   std::to_string(world_size) + ") listening on " + where);
 
     const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
-    PeerRecord mine{self.name, self.id, host, port};
+    PeerRecord mine{self.name, self.id, transport_offers};
     const std::string info = std::string(kKeyPrefix) + "info/";
     if (auto r = co_await store->set(info + std::to_string(self.id), encode_record(mine)); !r)
         co_return fail(std::move(r).error().context("publishing the address of worker \"" + self.name + "\""));
@@ -431,8 +366,7 @@ Task<Result<void>> AgentCore::start() {
                                                        " share the same name.");
         workers.push_back(WorkerInfo{rec.name, r});
         peers[r].info = workers.back();
-        peers[r].host = rec.host;
-        peers[r].port = rec.port;
+        peers[r].addresses = std::move(rec.addresses);
     }
     roster_known.cancel();
     // The seed's exchange: every worker's maps checked as a static group, my reverse maps built.
@@ -524,8 +458,7 @@ void AgentCore::close_local(const Error& reason) {
     if (state == State::closed) return;
     state = State::closed;
     closed.store(true, std::memory_order_release);
-    std::error_code ec;
-    acceptor.close(ec);
+    for (auto& l : listeners) l->close();
     roster_known.cancel();
     for (auto& p : peers) {
         fail_pending(p, nullptr, reason);

@@ -1,6 +1,8 @@
 // RpcBackendOptions / TensorPipeRpcBackendOptions: value checks and the one-to-one device-map merge.
 #include <tensorplay/rpc/options.hpp>
 
+#include "transport/transport.hpp"
+
 #include <cmath>
 #include <sstream>
 
@@ -49,6 +51,10 @@ Result<void> TensorPipeRpcBackendOptions::validate() const {
     if (num_worker_threads <= 0)
         return fail(Errc::invalid_argument,
                     "num_worker_threads must be positive, got " + std::to_string(num_worker_threads));
+    if (transports)
+        if (auto r = detail::check_transport_names(*transports); !r) return r;
+    if (channels)
+        if (auto r = detail::check_channel_names(*channels); !r) return r;
     // (The same bound as a key file's; the key itself is never put in a message.)
     if (auth_key.size() > 64 * 1024)
         return fail(Errc::invalid_argument, "auth_key is " + std::to_string(auth_key.size()) + " bytes, over the limit of 65536");

@@ -26,9 +26,9 @@ constexpr std::string_view kTranscriptContext = "tensorplay-rpc handshake proof"
 void put_hello(WireWriter& w, const HelloInfo& h) {
     w.str32(h.name).i32(h.rank);
     w.u32(static_cast<std::uint32_t>(h.transports.size()));
-    for (const auto& t : h.transports) w.str32(t);
+    for (const auto& t : h.transports) w.str32(t.name).str32(t.domain).str32(t.address);
     w.u32(static_cast<std::uint32_t>(h.channels.size()));
-    for (const auto& c : h.channels) w.str32(c);
+    for (const auto& c : h.channels) w.str32(c.name).str32(c.device_type).str32(c.domain);
 }
 }  // namespace
 
@@ -62,6 +62,13 @@ Bytes transcript_bytes(const Transcript& t, ProofBy by) {
     put_hello(w, *t.client);
     put_hello(w, *t.server);
     w.raw(t.client_nonce).raw(t.server_nonce);
+    // The server's answer: a proof of the key also proves where the client is sent next.
+    if (t.answer) {
+        w.u8(1).str32(t.answer->transport).str32(t.answer->address).u32(static_cast<std::uint32_t>(t.answer->channels.size()));
+        for (const auto& c : t.answer->channels) w.str32(c.client_device).str32(c.server_device).str32(c.channel);
+    } else {
+        w.u8(0);
+    }
     return std::move(w).take();
 }
 

@@ -42,10 +42,12 @@ struct Transcript {
     const HelloInfo* server = nullptr;
     Nonce client_nonce{};
     Nonce server_nonce{};
+    const Negotiated* answer = nullptr;  ///< the server's answer (null: none)
 };
 
 /// The bytes a proof is computed over: a fixed context, the direction label, the version, each
-/// side's name, rank, transports and channels (the negotiation's inputs), and both nonces.
+/// side's name, rank, transport and channel offers (the negotiation's inputs), both nonces and the
+/// server's answer.
 [[nodiscard]] Bytes transcript_bytes(const Transcript& t, ProofBy by);
 
 /// HMAC-SHA256 under `key` of the transcript for `by`'s proof.

@@ -10,14 +10,15 @@
 #include "core/asio_compat.hpp"
 #include "core/resolve.hpp"
 #include "transport/connection_state.hpp"
+#include "transport/transport.hpp"
 
 #include <asio/co_spawn.hpp>
-#include <asio/connect.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/write.hpp>
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -50,7 +51,7 @@ std::size_t sendmsg_now(int fd, iovec* iov, std::size_t count, std::error_code& 
 
 /// One non-blocking sendmsg of as many buffers as one call takes (IOV_MAX). Writing before
 /// handing the rest to the event loop saves a submission round trip on the latency path.
-std::size_t try_write_now(asio::ip::tcp::socket& sock, const std::vector<asio::const_buffer>& bufs,
+std::size_t try_write_now(asio::generic::stream_protocol::socket& sock, const std::vector<asio::const_buffer>& bufs,
                           std::vector<iovec>& iov, std::error_code& ec) {
     iov.clear();
     for (const auto& b : bufs) {
@@ -239,6 +240,46 @@ namespace {
 
 Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
 
+/// Opens a stream to `address`, runs the client's handshake on it and, when the server chose
+/// another transport, does so once more at the address it named (which must then settle).
+Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address address, HelloInfo local, ConnectionLimits limits,
+                                                                  HandshakeAuth auth) {
+    for (int hop = 0;; ++hop) {
+        auto transport = transport_for(address);
+        if (!transport) co_return fail(transport.error());
+        auto connecting = (*transport)->connect(address);
+        auto stream = co_await std::move(connecting);
+        if (!stream) co_return fail(stream.error());
+        auto s = std::make_shared<ConnectionState>(std::move(stream->socket), limits, stream->tcp);
+        s->transport = std::move(stream->transport);
+        s->endpoint = std::move(stream->endpoint);
+        // (The handshake finds `auth` in the state: GCC 12 mis-destroyed it as a coroutine argument.)
+        s->auth = auth;
+        auto handshake = client_handshake(s, local);
+        auto peer = co_await std::move(handshake);
+        s->auth = HandshakeAuth{};
+        if (!peer) {
+            s->close(std::nullopt);
+            co_return fail(peer.error());
+        }
+        s->peer = std::move(*peer);
+        if (s->negotiated.transport == s->transport) {
+            s->allocator = default_allocate;
+            co_return s;
+        }
+        s->close(std::nullopt);  // (negotiation only: the chosen transport carries the frames)
+        const std::string who = "worker \"" + s->peer.name + "\" at " + s->endpoint;
+        if (hop > 0)
+            co_return fail(Errc::protocol_error, who + " sent us on to transport \"" + s->negotiated.transport +
+                                                     "\" again, after we followed its first answer");
+        auto next = Address::parse(s->negotiated.address);
+        if (!next || next->transport() != s->negotiated.transport)
+            co_return fail(Errc::protocol_error, who + " chose transport \"" + s->negotiated.transport +
+                                                     "\" with an unusable address \"" + s->negotiated.address + "\"");
+        address = std::move(*next);
+    }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -258,34 +299,47 @@ Connection::~Connection() {
     if (state_) state_->close(std::nullopt);
 }
 
+Task<Result<std::shared_ptr<Connection>>> Connection::connect(Address address, HelloInfo local, ConnectionLimits limits,
+                                                              HandshakeAuth auth) {
+    const auto timeout = limits.handshake_timeout;
+    const std::string where = address.where();
+    auto work = detail::connect_negotiated(std::move(address), std::move(local), std::move(limits), std::move(auth));
+    auto s = co_await with_timeout(std::move(work), timeout);
+    if (!s) co_return fail(std::move(s).error().context("connecting to " + where));
+    detail::start_connection(*s);
+    co_return std::shared_ptr<Connection>(new Connection(std::move(*s)));
+}
+
 Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
                                                               ConnectionLimits limits, HandshakeAuth auth) {
-    auto ex = co_await asio::this_coro::executor;
-    auto timeout = limits.handshake_timeout;
-    auto s = std::make_shared<detail::ConnectionState>(asio::ip::tcp::socket(ex), std::move(limits));
-    // (The handshake finds `auth` in the state: GCC 12 mis-destroyed it as a coroutine argument.)
-    s->auth = std::move(auth);
-    auto handshake = detail::client_handshake(s, host, port, std::move(local));
-    auto peer = co_await with_timeout(std::move(handshake), timeout);
-    s->auth = HandshakeAuth{};
-    if (!peer) {
-        s->close(std::nullopt);
-        co_return fail(std::move(peer).error().context("connecting to " + host + ":" + std::to_string(port)));
-    }
-    s->peer = std::move(*peer);
-    s->allocator = detail::default_allocate;
-    detail::start_connection(s);
-    co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+    return connect(Address::tcp(std::move(host), port), std::move(local), std::move(limits), std::move(auth));
 }
 
 Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
                                                              ConnectionLimits limits, HandshakeAuth auth) {
-    auto timeout = limits.handshake_timeout;
-    auto s = std::make_shared<detail::ConnectionState>(std::move(socket), std::move(limits));
     std::error_code ec;
-    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    auto ep = s->socket.remote_endpoint(ec);
-    if (!ec) s->endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    std::string endpoint;
+    auto ep = socket.remote_endpoint(ec);
+    if (!ec) endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
+    auto ex = socket.get_executor();
+    const asio::generic::stream_protocol protocol(ep.protocol().family(), IPPROTO_TCP);
+    asio::generic::stream_protocol::socket generic(ex);
+    if (socket.is_open()) {
+        const int fd = socket.release(ec);
+        if (!ec) generic.assign(protocol, fd, ec);
+    }
+    return accept(std::move(generic), "uv", std::move(endpoint), std::move(local), std::move(limits), std::move(auth));
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stream_protocol::socket socket,
+                                                             std::string transport, std::string endpoint, HelloInfo local,
+                                                             ConnectionLimits limits, HandshakeAuth auth) {
+    auto timeout = limits.handshake_timeout;
+    const bool tcp = transport == "uv";
+    auto s = std::make_shared<detail::ConnectionState>(std::move(socket), std::move(limits), tcp);
+    s->transport = std::move(transport);
+    s->endpoint = std::move(endpoint);
     s->auth = std::move(auth);
     auto handshake = detail::server_handshake(s, std::move(local));
     auto peer = co_await with_timeout(std::move(handshake), timeout);
@@ -295,6 +349,12 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
         co_return fail(std::move(peer).error().context("handshake with " + s->endpoint));
     }
     s->peer = std::move(*peer);
+    if (s->negotiated.transport != s->transport) {
+        // The client reconnects over the chosen transport; this stream carried the negotiation only.
+        s->redirected = true;
+        s->close(std::nullopt);
+        co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+    }
     s->allocator = detail::default_allocate;
     detail::start_connection(s);
     co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
@@ -311,6 +371,12 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
 }
 
 const HelloInfo& Connection::peer() const noexcept { return state_->peer; }
+
+const std::string& Connection::transport() const noexcept { return state_->transport; }
+
+const Negotiated& Connection::negotiated() const noexcept { return state_->negotiated; }
+
+bool Connection::redirected() const noexcept { return state_->redirected; }
 
 std::string Connection::describe() const { return state_->who(); }
 
@@ -352,7 +418,8 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
     return ok();
 }
 
-void Connection::set_short_reads(bool short_reads) { state_->edge.short_reads = short_reads; }
+// (A stream other than TCP always reads short: TCP_INQ is TCP's.)
+void Connection::set_short_reads(bool short_reads) { state_->edge.short_reads = short_reads || !state_->tcp; }
 
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 

@@ -6,8 +6,8 @@
 #include "core/resolve.hpp"
 #include "transport/auth.hpp"
 #include "transport/connection_state.hpp"
+#include "transport/negotiate.hpp"
 
-#include <asio/connect.hpp>
 #include <asio/write.hpp>
 
 namespace tensorplay::detail {
@@ -79,6 +79,22 @@ Task<Result<void>> send_record(ConnectionState& s, AuthRecordKind kind, const st
     co_return co_await write_all(s, out);
 }
 
+/// The client's check of the server's answer (docs/protocol.md, "Negotiation"): the same choice,
+/// computed from both hellos. A server without an answer found no common transport: the same
+/// computation says so, naming both workers.
+Result<Negotiated> check_answer(const Hello& theirs, const HelloInfo& mine, const std::string& current, const std::string& who) {
+    auto expected = negotiate(theirs.info, mine, current);
+    if (!theirs.answer) {
+        if (!expected) return fail(expected.error());
+        return fail(Errc::protocol_error, who + " sent no negotiation answer although " + expected->transport + " is common");
+    }
+    if (!expected || !(*expected == *theirs.answer))
+        return fail(Errc::protocol_error, who + " answered the negotiation with transport \"" + theirs.answer->transport +
+                                              "\", which this side does not choose from the same offers" +
+                                              (expected ? " (it chooses \"" + expected->transport + "\")" : std::string()));
+    return *theirs.answer;
+}
+
 /// Answers a hello with a refusal (`mine` with step refused): every refusal answers first, so
 /// that the client can say what went wrong.
 Task<void> refuse(ConnectionState& s, Hello& mine, const std::string& reason) {
@@ -90,18 +106,8 @@ Task<void> refuse(ConnectionState& s, Hello& mine, const std::string& reason) {
 
 }  // namespace
 
-Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
-                                         HelloInfo local) {
+Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local) {
     const HandshakeAuth& auth = s->auth;
-    std::error_code ec;
-    auto eps = co_await resolve_host(host, port);  // (a numeric host: at once; a name: see resolve.hpp)
-    if (!eps) co_return fail(eps.error());
-    {
-        auto [cec, ep] = co_await asio::async_connect(s->socket, *eps, use_nothrow);
-        if (cec) co_return fail(from_error_code(cec, "connecting to " + host + ":" + std::to_string(port)));
-    }
-    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    s->endpoint = host + ":" + std::to_string(port);
     const bool keyed = !auth.key.empty();
     Hello mine;
     mine.info = std::move(local);
@@ -120,6 +126,11 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std
     auto theirs = s->parse_hello_body(p->body_len);
     if (!theirs) co_return fail(theirs.error());
     const std::string who = "worker \"" + theirs->info.name + "\" at " + s->endpoint;
+    if (theirs->step != HelloStep::refused) {
+        auto answer = check_answer(*theirs, mine.info, s->transport, who);
+        if (!answer) co_return fail(std::move(answer).error().on_worker(theirs->info.name));
+        s->negotiated = std::move(*answer);
+    }
     switch (theirs->step) {
     case HelloStep::refused:
         co_return fail(Errc::unauthorized, who + " refused the connection: " + theirs->reason, theirs->info.name);
@@ -138,7 +149,7 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std
                        who + " requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
                              "TP_RPC_AUTH_KEY_FILE) on every worker",
                        theirs->info.name);
-    const Transcript t{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce};
+    const Transcript t{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, &s->negotiated};
     auto expected = handshake_proof(auth.key, t, ProofBy::server);
     if (!expected) co_return fail(expected.error());
     if (!same_proof(*expected, theirs->proof)) {
@@ -204,6 +215,15 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
         co_return fail(Errc::unauthorized, peer + " authenticates with a shared key and this worker has none: set the "
                                                   "same TP_RPC_AUTH_KEY on every worker, or on none");
     }
+    // The server decides; a hello without an answer tells the client that nothing is common.
+    auto chosen = negotiate(mine.info, theirs->info, s->transport);
+    if (!chosen) {
+        const Bytes hello = encode_hello(mine);
+        (void)co_await write_all(*s, hello);
+        co_return fail(chosen.error());
+    }
+    s->negotiated = *chosen;
+    mine.answer = std::move(*chosen);
     if (!keyed) {
         if (auth.admit)
             if (auto a = auth.admit(theirs->info); !a) {
@@ -218,7 +238,7 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
     if (!n) co_return fail(n.error());
     mine.auth = HelloAuth::hmac_sha256;
     mine.nonce = *n;
-    const Transcript t{kProtocolVersion, &theirs->info, &mine.info, theirs->nonce, mine.nonce};
+    const Transcript t{kProtocolVersion, &theirs->info, &mine.info, theirs->nonce, mine.nonce, &s->negotiated};
     auto ours = handshake_proof(auth.key, t, ProofBy::server);
     if (!ours) co_return fail(ours.error());
     mine.step = HelloStep::proof;

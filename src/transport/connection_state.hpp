@@ -62,14 +62,21 @@ private:
 };
 
 struct ConnectionState {
-    ConnectionState(asio::ip::tcp::socket s, ConnectionLimits l)
-        : socket(std::move(s)), limits(std::move(l)), wake(socket.get_executor()), watchdog(socket.get_executor()) {
+    /// `tcp`: the stream is TCP (TCP_INQ may be asked); any other stream reads short (a Unix
+    /// stream socket, like TCP, hands over all it holds up to the buffer's size).
+    ConnectionState(asio::generic::stream_protocol::socket s, ConnectionLimits l, bool is_tcp)
+        : socket(std::move(s)), limits(std::move(l)), tcp(is_tcp), wake(socket.get_executor()), watchdog(socket.get_executor()) {
         wake.expires_at(asio::steady_timer::time_point::max());
         rbuf.grow(kHandshakeBufferSize, rbeg, rend);
+        edge.short_reads = !tcp;
     }
 
-    asio::ip::tcp::socket socket;
+    asio::generic::stream_protocol::socket socket;
     ConnectionLimits limits;
+    bool tcp = true;
+    std::string transport = "uv";  ///< the transport this stream is of
+    Negotiated negotiated;          ///< what the handshake chose
+    bool redirected = false;        ///< server side: the handshake chose another transport
     HelloInfo peer;
     HandshakeAuth auth;  ///< during the handshake only
     std::string endpoint;
@@ -113,7 +120,7 @@ struct ConnectionState {
         open = false;
         if (why) reason = std::move(why);
         std::error_code ec;
-        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+        socket.shutdown(asio::socket_base::shutdown_both, ec);
         socket.close(ec);
         wake.cancel();
         watchdog.cancel();
@@ -183,12 +190,12 @@ struct ConnectionState {
     Result<Hello> parse_hello_body(std::size_t len);
 };
 
-/// The client's side of the handshake (connection_handshake.cpp): connects `s`'s socket, then
-/// hellos and, with a key, the challenge-response. The server's introduction, or why not.
-/// With `s->auth`.
-Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, std::string host, std::uint16_t port,
-                                         HelloInfo local);
-/// The server's side on an accepted socket: the client's introduction once it is admitted.
+/// The client's side of the handshake (connection_handshake.cpp) on `s`'s connected socket:
+/// hellos and, with a key, the challenge-response; then the check of the server's answer (set in
+/// s->negotiated). The server's introduction, or why not. With `s->auth`.
+Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local);
+/// The server's side on an accepted socket: the client's introduction once it is admitted (the
+/// answer it was given in s->negotiated).
 Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local);
 
 /// A connection's reader in dispatch mode (Connection::dispatch_to), run by the socket reads of

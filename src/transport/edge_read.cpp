@@ -25,8 +25,9 @@ namespace tensorplay::detail::edge {
 namespace {
 /// The socket's reactor registration (basic_socket keeps it protected; a pointer to a member named
 /// through a derived class is the one well-defined way to reach it).
-struct SocketAccess : asio::ip::tcp::socket {
-    static auto& impl(asio::ip::tcp::socket& s) { return (s.*(&SocketAccess::impl_)).get_implementation(); }
+template <class Socket>
+struct SocketAccess : Socket {
+    static auto& impl(Socket& s) { return (s.*(&SocketAccess::impl_)).get_implementation(); }
 };
 }  // namespace
 
@@ -99,8 +100,10 @@ void Canceller::operator()(asio::cancellation_type type) {
         reactor->cancel_ops_by_key(fd, *data, asio::detail::reactor::read_op, this);
 }
 
-Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state) {
-    auto& impl = SocketAccess::impl(socket);
+namespace {
+template <class Socket>
+Registration prepare_socket(Socket& socket, EdgeReadState& state) {
+    auto& impl = SocketAccess<Socket>::impl(socket);
     if (!state.reactor)
         state.reactor = &asio::use_service<asio::detail::reactor>(asio::query(socket.get_executor(), asio::execution::context));
     if (!state.short_reads && state.inq_fd != impl.socket_) {
@@ -110,6 +113,13 @@ Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state) {
         state.inq_fd = impl.socket_;
     }
     return Registration{static_cast<asio::detail::reactor*>(state.reactor), &impl.reactor_data_, impl.socket_};
+}
+}  // namespace
+
+Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state) { return prepare_socket(socket, state); }
+
+Registration prepare(asio::generic::stream_protocol::socket& socket, EdgeReadState& state) {
+    return prepare_socket(socket, state);
 }
 
 }  // namespace tensorplay::detail::edge

@@ -7,6 +7,7 @@
 #include <asio/buffer.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/io_context.hpp>
+#include <asio/generic/stream_protocol.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/version.hpp>
 
@@ -103,13 +104,16 @@ struct Op final : OpBase {
     Handler handler;
 };
 
-/// The socket's reactor registration; prepares `state` (TCP_INQ, the reactor) on first use.
+/// The socket's reactor registration; prepares `state` (TCP_INQ unless short_reads, the
+/// reactor) on first use. For a TCP socket, or a generic stream one (TCP or a Unix socket: a Unix
+/// socket's reader must read short, TCP_INQ being TCP's).
 struct Registration {
     asio::detail::reactor* reactor;
     asio::detail::reactor::per_descriptor_data* data;
     int fd;
 };
 Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
+Registration prepare(asio::generic::stream_protocol::socket& socket, EdgeReadState& state);
 
 /// Starts `op` on the reactor. `recheck` after a read that drained the socket: read once now
 /// instead of waiting for the next edge (a FIN or reset that came in with the bytes already read
@@ -136,12 +140,11 @@ void start(const Registration& reg, OpBase* op, bool recheck);
 /// read drained the socket, read now anyway (one recv that fails with EAGAIN when nothing came).
 ///
 /// Elsewhere (io_uring builds, other Asio versions) it is plain async_read_some.
-template <class Token>
-auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, bool recheck,
-                     Token&& token) {
+template <class Socket, class Token>
+auto async_edge_read(Socket& socket, asio::mutable_buffer buf, EdgeReadState& state, bool recheck, Token&& token) {
 #if TP_EDGE_READ
     return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
-        [](auto handler, asio::ip::tcp::socket* sock, asio::mutable_buffer b, EdgeReadState* st, bool again) {
+        [](auto handler, Socket* sock, asio::mutable_buffer b, EdgeReadState* st, bool again) {
             using H = decltype(handler);
             if (b.size() == 0) {
                 auto ex = asio::get_associated_executor(handler, sock->get_executor());
@@ -164,8 +167,8 @@ auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, Ed
 }
 
 /// async_edge_read without a recheck.
-template <class Token>
-auto async_edge_read(asio::ip::tcp::socket& socket, asio::mutable_buffer buf, EdgeReadState& state, Token&& token) {
+template <class Socket, class Token>
+auto async_edge_read(Socket& socket, asio::mutable_buffer buf, EdgeReadState& state, Token&& token) {
     return async_edge_read(socket, buf, state, false, std::forward<Token>(token));
 }
 

@@ -200,9 +200,9 @@ Bytes encode_hello(const Hello& hello, std::uint32_t magic, std::uint16_t versio
     w.u32(magic).u16(version).u16(0).u32(0);
     w.str32(hello.info.name).i32(hello.info.rank);
     w.u32(static_cast<std::uint32_t>(hello.info.transports.size()));
-    for (auto& t : hello.info.transports) w.str32(t);
+    for (auto& t : hello.info.transports) w.str32(t.name).str32(t.domain).str32(t.address);
     w.u32(static_cast<std::uint32_t>(hello.info.channels.size()));
-    for (auto& c : hello.info.channels) w.str32(c);
+    for (auto& c : hello.info.channels) w.str32(c.name).str32(c.device_type).str32(c.domain);
     w.u8(static_cast<std::uint8_t>(hello.auth));
     if (hello.auth == HelloAuth::hmac_sha256) w.raw(hello.nonce);
     w.u8(static_cast<std::uint8_t>(hello.step));
@@ -210,6 +210,12 @@ Bytes encode_hello(const Hello& hello, std::uint32_t magic, std::uint16_t versio
         w.str32(std::string_view(hello.reason).substr(0, kMaxRefusalReason));
     else if (hello.step == HelloStep::proof)
         w.raw(hello.proof);
+    w.u8(hello.answer && hello.step != HelloStep::refused ? 1 : 0);
+    if (hello.answer && hello.step != HelloStep::refused) {
+        w.str32(hello.answer->transport).str32(hello.answer->address);
+        w.u32(static_cast<std::uint32_t>(hello.answer->channels.size()));
+        for (auto& c : hello.answer->channels) w.str32(c.client_device).str32(c.server_device).str32(c.channel);
+    }
     w.patch_u32(8, static_cast<std::uint32_t>(w.size() - kHelloPrefixSize));
     return std::move(w).take();
 }
@@ -248,11 +254,27 @@ Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const Conne
     h.transports.clear();
     h.channels.clear();
     auto nt = r.u32();
-    if (nt > 64) return fail(Errc::protocol_error, "handshake lists " + std::to_string(nt) + " transports (limit 64)");
-    for (std::uint32_t i = 0; i < nt && !r.failed(); ++i) h.transports.emplace_back(r.str32(256, "transport name"));
+    if (nt > kMaxHelloTransports)
+        return fail(Errc::protocol_error, "handshake lists " + std::to_string(nt) + " transports (limit " +
+                                              std::to_string(kMaxHelloTransports) + ")");
+    for (std::uint32_t i = 0; i < nt && !r.failed(); ++i) {
+        TransportOffer t;
+        t.name = std::string(r.str32(kMaxOfferField, "transport name"));
+        t.domain = std::string(r.str32(kMaxOfferField, "transport domain"));
+        t.address = std::string(r.str32(kMaxOfferField, "transport address"));
+        h.transports.push_back(std::move(t));
+    }
     auto nc = r.u32();
-    if (nc > 64) return fail(Errc::protocol_error, "handshake lists " + std::to_string(nc) + " channels (limit 64)");
-    for (std::uint32_t i = 0; i < nc && !r.failed(); ++i) h.channels.emplace_back(r.str32(256, "channel name"));
+    if (nc > kMaxHelloChannels)
+        return fail(Errc::protocol_error, "handshake lists " + std::to_string(nc) + " channels (limit " +
+                                              std::to_string(kMaxHelloChannels) + ")");
+    for (std::uint32_t i = 0; i < nc && !r.failed(); ++i) {
+        ChannelOffer c;
+        c.name = std::string(r.str32(kMaxOfferField, "channel name"));
+        c.device_type = std::string(r.str32(kMaxOfferField, "channel device type"));
+        c.domain = std::string(r.str32(kMaxOfferField, "channel domain"));
+        h.channels.push_back(std::move(c));
+    }
     const auto auth = r.u8();
     if (!r.failed() && auth > kMaxHelloAuth)
         return fail(Errc::protocol_error, "handshake names unknown authentication method " + std::to_string(auth));
@@ -272,6 +294,26 @@ Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const Conne
             return fail(Errc::protocol_error, "handshake carries a proof without naming an authentication method");
         auto p = r.raw(hello.proof.size(), "handshake proof");
         if (!r.failed()) std::memcpy(hello.proof.data(), p.data(), p.size());
+    }
+    const auto has_answer = r.u8();
+    if (!r.failed() && (has_answer > 1 || (has_answer == 1 && hello.step == HelloStep::refused)))
+        return fail(Errc::protocol_error, "handshake has a bad negotiation flag " + std::to_string(has_answer));
+    if (has_answer == 1 && !r.failed()) {
+        Negotiated a;
+        a.transport = std::string(r.str32(kMaxOfferField, "chosen transport"));
+        a.address = std::string(r.str32(kMaxOfferField, "chosen address"));
+        const auto na = r.u32();
+        if (na > kMaxAnswerChannels)
+            return fail(Errc::protocol_error, "handshake answers " + std::to_string(na) + " channel choices (limit " +
+                                                  std::to_string(kMaxAnswerChannels) + ")");
+        for (std::uint32_t i = 0; i < na && !r.failed(); ++i) {
+            ChannelChoice c;
+            c.client_device = std::string(r.str32(kMaxOfferField, "client device type"));
+            c.server_device = std::string(r.str32(kMaxOfferField, "server device type"));
+            c.channel = std::string(r.str32(kMaxOfferField, "chosen channel"));
+            a.channels.push_back(std::move(c));
+        }
+        hello.answer = std::move(a);
     }
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding the handshake"));
     return hello;

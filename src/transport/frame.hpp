@@ -74,8 +74,15 @@ inline constexpr std::uint8_t kMaxHelloStep = 2;
 /// The longest refusal reason on the wire.
 inline constexpr std::size_t kMaxRefusalReason = 1024;
 
-/// A hello as it is on the wire: what the side says about itself, then (version 2) how it
-/// authenticates and, from the server, the step the handshake is at.
+/// Bounds of a hello's negotiation lists (checked before anything is kept).
+inline constexpr std::uint32_t kMaxHelloTransports = 16;
+inline constexpr std::uint32_t kMaxHelloChannels = 64;
+inline constexpr std::uint32_t kMaxAnswerChannels = 256;
+inline constexpr std::size_t kMaxOfferField = 256;  ///< a name, domain, address or device type
+
+/// A hello as it is on the wire: what the side says about itself (with its transport and channel
+/// offers), how it authenticates, from the server the step the handshake is at and, unless it
+/// refuses, the negotiation's answer (version 3).
 struct Hello {
     HelloInfo info;
     HelloAuth auth = HelloAuth::none;
@@ -83,6 +90,7 @@ struct Hello {
     HelloStep step = HelloStep::done;
     std::string reason;                    ///< when step is refused
     std::array<std::uint8_t, 32> proof{};  ///< when step is proof
+    std::optional<Negotiated> answer;      ///< from a server that does not refuse
 };
 
 [[nodiscard]] Bytes encode_hello(const Hello& hello, std::uint32_t magic = kProtocolMagic,
@@ -96,7 +104,7 @@ struct HelloPrefix {
     std::uint32_t body_len = 0;
 };
 [[nodiscard]] Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes);
-/// Decodes a version-2 hello body. Errc::protocol_error for anything malformed or unknown.
+/// Decodes a version-3 hello body. Errc::protocol_error for anything malformed or unknown.
 [[nodiscard]] Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 
 /// What follows the hellos in an authenticated handshake: the client's proof (or its refusal of

@@ -70,7 +70,7 @@ public:
     using reader_type = Reader;
 
     template <class... Args>
-    RearmedRead(asio::ip::tcp::socket& socket, EdgeReadState& state, Args&&... args)
+    RearmedRead(asio::generic::stream_protocol::socket& socket, EdgeReadState& state, Args&&... args)
         : edge::OpBase(&complete, -1, asio::mutable_buffer(), state),
           reader(std::forward<Args>(args)...),
           socket_(&socket),
@@ -101,7 +101,7 @@ private:
         rearmed::complete_on_executor(o, o->ec_, o->bytes_transferred_);
     }
 
-    asio::ip::tcp::socket* socket_;
+    asio::generic::stream_protocol::socket* socket_;
     EdgeReadState* edge_;
 };
 
@@ -113,7 +113,7 @@ public:
     using reader_type = Reader;
 
     template <class... Args>
-    RearmedRead(asio::ip::tcp::socket& socket, EdgeReadState&, Args&&... args)
+    RearmedRead(asio::generic::stream_protocol::socket& socket, EdgeReadState&, Args&&... args)
         : reader(std::forward<Args>(args)...), socket_(&socket) {}
 
     void start(asio::mutable_buffer b, bool = false) { socket_->async_read_some(b, Handler{RearmedReadOwner<Reader>(this)}); }
@@ -133,7 +133,7 @@ private:
         }
     };
 
-    asio::ip::tcp::socket* socket_;
+    asio::generic::stream_protocol::socket* socket_;
 };
 
 #endif

@@ -95,6 +95,14 @@ HelloInfo named(std::string name, int rank) {
     return h;
 }
 
+/// A server's hello as a version-3 agent answers a TCP client: the negotiation settles on uv.
+Bytes server_hello(std::string name, int rank) {
+    detail::Hello h;
+    h.info = named(std::move(name), rank);
+    h.answer = Negotiated{"uv", "", {ChannelChoice{"cpu", "cpu", "basic"}}};
+    return detail::encode_hello(h);
+}
+
 /// A raw socket that introduced itself to the agent at `address` (worker1's: an agent admits only
 /// another member of its group) as worker0, and read its answer.
 Task<asio::ip::tcp::socket> raw_handshaken(const std::string& address) {
@@ -193,7 +201,7 @@ Task<void> dying_callee(asio::ip::tcp::acceptor& acc, bool reset) {
     auto [ec, s] = co_await acc.async_accept(detail::use_nothrow);
     REQUIRE(!ec);
     co_await read_hello(s);
-    co_await send_raw(s, detail::encode_hello(named("worker1", 1)));
+    co_await send_raw(s, server_hello("worker1", 1));
     Bytes head(detail::kFrameHeaderSize);
     auto [e1, n1] = co_await asio::async_read(s, asio::buffer(head), detail::use_nothrow);
     REQUIRE(!e1);

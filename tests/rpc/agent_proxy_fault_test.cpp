@@ -48,18 +48,28 @@ public:
     }
 
 private:
-    // The record: u16 version, str32 name, i32 rank, str32 host, u16 port (native_agent_init.cpp).
+    // The record: u16 version, str32 name, i32 rank, u32 n, n x (str32 transport, str32 domain,
+    // str32 address) (native_agent_init.cpp). The uv address is pointed at the proxy.
     Bytes rewrite(const Bytes& record) {
         WireReader in(record);
         auto version = in.u16();
         std::string name(in.str32());
         auto rank = in.i32();
-        std::string host(in.str32());
-        auto port = in.u16();
-        REQUIRE_FALSE(in.failed());
-        proxy = std::make_unique<FaultProxy>(host, port);
+        auto n = in.u32();
         WireWriter out;
-        out.u16(version).str32(name).i32(rank).str32("127.0.0.1").u16(proxy->port());
+        out.u16(version).str32(name).i32(rank).u32(n);
+        for (std::uint32_t i = 0; i < n; ++i) {
+            std::string transport(in.str32()), domain(in.str32()), address(in.str32());
+            if (transport == "uv") {
+                auto a = Address::parse(address);
+                REQUIRE(a);
+                proxy = std::make_unique<FaultProxy>(a->host, a->port);
+                address = Address::tcp("127.0.0.1", proxy->port()).str();
+            }
+            out.str32(transport).str32(domain).str32(address);
+        }
+        REQUIRE_FALSE(in.failed());
+        REQUIRE(proxy);
         return std::move(out).take();
     }
     std::shared_ptr<Store> inner_;
@@ -79,12 +89,14 @@ Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& relea
     pg.g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
     pg.view = std::make_shared<ProxiedView>(pg.g.store);
     const int n = 3;
+    const test::Configure uv_only = [](int, TensorPipeRpcBackendOptions& o) { o.transports = std::vector<std::string>{"uv"}; };
     pg.g.agents.resize(n);
     std::vector<std::optional<Error>> errors(n);
     test::Signal done(ex, n);
     for (int r = 0; r < n; ++r) {
         std::shared_ptr<Store> s = r == 0 ? std::shared_ptr<Store>(pg.view) : std::shared_ptr<Store>(pg.g.store);
-        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, {})),
+        // TCP only: the proxy sits on the TCP link (a same-host uds connection would bypass it).
+        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, uv_only)),
                        [&pg, &errors, &done, r](std::exception_ptr e, Result<test::AgentPtr> a) {
                            if (e) errors[r] = Error(Errc::internal, "exception while starting");
                            else if (a) pg.g.agents[r] = *a;

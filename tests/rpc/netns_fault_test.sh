@@ -90,6 +90,10 @@ run() {  # command seconds -> sets $res to the result line
 
 wait_for "$dir/out0" '^ready' 1 30
 wait_for "$dir/out1" '^ready' 1 30
+# Same host, other network namespaces: the uds transport (abstract sockets live in one namespace)
+# must not be chosen; the workers negotiate TCP.
+grep -q '^transport worker1 uv$' "$dir/out0" || fail "worker0 did not negotiate uv with worker1 across namespaces"
+grep -q '^transport worker0 uv$' "$dir/out1" || fail "worker1 did not negotiate uv with worker0 across namespaces"
 
 run "calls 20 5 echo" 20
 [ "$(field ok "$res")" = 20 ] || fail "baseline calls failed: $res"

@@ -115,6 +115,9 @@ tp::Task<int> worker() {
         std::fprintf(stderr, "rank %s: init_rpc failed: %s\n", rank.c_str(), agent.error().to_string().c_str());
         co_return 1;
     }
+    // What each pair negotiated (netns_fault_test.sh: not uds across network namespaces).
+    if (auto info = co_await (*agent)->get_debug_info(); info)
+        for (const auto& p : info->peers) std::printf("transport %s %s\n", p.worker.c_str(), p.transport.c_str());
     std::printf("ready\n");
     std::fflush(stdout);
     asio::posix::stream_descriptor in(co_await asio::this_coro::executor, ::dup(0));

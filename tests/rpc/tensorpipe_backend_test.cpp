@@ -82,7 +82,7 @@ TEST_CASE("TENSORPIPE options take every keyword of the seed's set", "[rpc][tens
         {"num_worker_threads", std::int64_t{4}},
         {"device_maps", DeviceMaps{{"w1", {{c(0), c(1)}}}, {"w2", {{Device::cpu(), c(0)}}}}},
         {"devices", std::vector<Device>{c(0)}},
-        {"_transports", std::vector<std::string>{"tcp", "unix"}},
+        {"_transports", std::vector<std::string>{"tcp", "uds"}},
         {"_channels", std::vector<std::string>{"basic"}},
     });
     CHECK(tp->rpc_timeout == 7.5);
@@ -90,8 +90,12 @@ TEST_CASE("TENSORPIPE options take every keyword of the seed's set", "[rpc][tens
     CHECK(tp->num_worker_threads == 4);
     CHECK(tp->device_maps == DeviceMaps{{"w1", {{c(0), c(1)}}}, {"w2", {{Device::cpu(), c(0)}}}});
     CHECK(tp->devices == std::vector<Device>{c(0)});
-    CHECK(tp->transports == std::vector<std::string>{"tcp", "unix"});
+    CHECK(tp->transports == std::vector<std::string>{"tcp", "uds"});
     CHECK(tp->channels == std::vector<std::string>{"basic"});
+    // A name no transport has is refused when the options are built.
+    auto e = options_error({{"_transports", std::vector<std::string>{"uv", "unix"}}});
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK(e.message().find("\"unix\"") != std::string::npos);
 }
 
 TEST_CASE("TENSORPIPE options accept None and device strings", "[rpc][tensorpipe]") {

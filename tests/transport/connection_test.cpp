@@ -46,7 +46,9 @@ TEST_CASE("the handshake tells each side the other's name and rank", "[transport
         CHECK(p.server->peer().name == "client");
         CHECK(p.server->peer().rank == 0);
         REQUIRE(p.server->peer().channels.size() == 1);
-        CHECK(p.server->peer().channels[0] == "basic");
+        CHECK(p.server->peer().channels[0].name == "basic");
+        CHECK(p.client->transport() == "uv");
+        CHECK(p.client->negotiated().transport == "uv");
     });
 }
 

@@ -14,6 +14,8 @@ struct PeerDebugInfo {
     std::string worker;
     int rank = -1;
     bool connected = false;             ///< an outgoing connection to it is open
+    std::string transport;              ///< what that connection negotiated ("uv", "uds"); empty: none
+    std::string channel;                ///< the channel per device pair ("cpu->cpu:basic", comma-separated)
     std::uint64_t calls_in_flight = 0;  ///< this worker's calls to it awaiting their replies
     std::uint64_t calls_done = 0;       ///< this worker's calls to it that have ended (with a reply or an error)
     std::uint64_t calls_failed = 0;     ///< of calls_done, the ones that ended with an error

@@ -43,13 +43,19 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     DeviceMaps device_maps;
     /// The devices this worker uses; empty: derived from the device maps (CPU dropped).
     std::vector<Device> devices;
-    /// Transports to use, highest priority first; nullopt: every transport built in. The native
-    /// agent has "tcp" (TensorPipe's "uv"); a list naming none of them fails init with not_supported.
+    /// Transports to use, highest priority first (an earlier one wins); nullopt: every one built
+    /// in, by default priority (shm > uds > uv; shm is not built yet). Names: "uv" (TCP; "tcp" is
+    /// taken as "uv"), "uds" (Unix sockets, same host and user), "shm", "ibv" (recognised, not
+    /// built: left out). An unknown name is invalid_argument (validate); a list naming no built
+    /// transport fails init with not_supported.
     std::optional<std::vector<std::string>> transports;
-    /// Channels to use, highest priority first; nullopt: every channel built in. The native agent
-    /// has "basic"; a list without it fails init with not_supported.
+    /// Channels to use, highest priority first; nullopt: every channel built in. Names are
+    /// TensorPipe's (basic, cma, mpt_uv, xth, cuda_basic, cuda_ipc, cuda_xth, cuda_gdr); the native
+    /// agent builds "basic". An unknown name is invalid_argument; a list without a built channel
+    /// fails init with not_supported.
     std::optional<std::vector<std::string>> channels;
-    /// Address the agent listens on ("host", "host:port", "unix:/path"); empty: chosen automatically.
+    /// Address the TCP (uv) transport listens on ("host", "host:port"; "unix:/path" is not
+    /// supported); empty: chosen automatically (TP_SOCKET_IFNAME, the host name's address).
     std::string listen_address;
     /// The group's shared secret (any bytes, at most 64 KiB): every connection then proves on both
     /// sides that it holds it, and a worker without it is refused (Errc::unauthorized). Empty: the
@@ -71,8 +77,8 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Replaces devices. Checked against the device count when the backend starts.
     void set_devices(std::vector<Device> devices);
 
-    /// The base checks plus num_worker_threads > 0 and auth_key at most 64 KiB
-    /// (Errc::invalid_argument otherwise).
+    /// The base checks plus num_worker_threads > 0, auth_key at most 64 KiB and known names in
+    /// transports and channels (Errc::invalid_argument otherwise).
     [[nodiscard]] Result<void> validate() const override;
 };
 

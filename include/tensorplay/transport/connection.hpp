@@ -1,4 +1,5 @@
-// Connection: a framed, bidirectional TCP stream with a versioned handshake (see docs/protocol.md).
+// Connection: a framed, bidirectional stream (TCP or a Unix socket) with a versioned handshake
+// that authenticates and negotiates the transport and channels (see docs/protocol.md).
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
@@ -7,7 +8,9 @@
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/tensor.hpp>
+#include <tensorplay/transport/address.hpp>
 
+#include <asio/generic/stream_protocol.hpp>
 #include <asio/ip/tcp.hpp>
 
 #include <atomic>
@@ -23,10 +26,10 @@
 
 namespace tensorplay {
 
-/// Protocol constants: every connection starts with this magic and version (2: the handshake
-/// carries authentication and the server's verdict; version 1 peers are refused by name).
+/// Protocol constants: every connection starts with this magic and version (3: the handshake
+/// negotiates transport and channels; 2 added authentication; other versions are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
@@ -70,12 +73,44 @@ struct ConnectionLimits {
     Duration idle_timeout{0};
 };
 
-/// What each side says about itself in the handshake.
+/// A transport a side offers in its hello (docs/protocol.md, "Negotiation").
+struct TransportOffer {
+    std::string name;     ///< "uv", "uds"
+    std::string domain;   ///< whom it reaches: usable when both sides' are equal
+    std::string address;  ///< where this side listens for it (an Address URL); empty: nowhere
+};
+
+/// A channel a side offers for one of its device types.
+struct ChannelOffer {
+    std::string name;         ///< "basic"
+    std::string device_type;  ///< "cpu", "cuda"
+    std::string domain;       ///< usable when both sides' are equal ("any" for basic)
+};
+
+/// The channel chosen for tensors from a client's device type to a server's.
+struct ChannelChoice {
+    std::string client_device;
+    std::string server_device;
+    std::string channel;
+    friend bool operator==(const ChannelChoice&, const ChannelChoice&) = default;
+};
+
+/// What a handshake chose: the transport data goes over (and, when it is not the one the
+/// handshake ran on, the server's address for it), and per device pair the channel.
+struct Negotiated {
+    std::string transport;
+    std::string address;
+    std::vector<ChannelChoice> channels;
+    friend bool operator==(const Negotiated&, const Negotiated&) = default;
+};
+
+/// What each side says about itself in the handshake. The lists are in the side's priority
+/// order, highest first; the server's order decides.
 struct HelloInfo {
     std::string name;
     int rank = -1;
-    std::vector<std::string> transports{"tcp"};
-    std::vector<std::string> channels{"basic"};
+    std::vector<TransportOffer> transports{TransportOffer{"uv", "uv", ""}};
+    std::vector<ChannelOffer> channels{ChannelOffer{"basic", "cpu", "any"}};
 };
 
 /// How a handshake authenticates the peer and whom the accepting side admits (docs/protocol.md,
@@ -171,7 +206,13 @@ public:
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
 
-    /// Connects to `host:port` and runs the handshake (bounded by limits.handshake_timeout).
+    /// Connects to `address` over its transport and runs the handshake; when the server chooses
+    /// another transport, connects again there (its address from the answer) and runs the
+    /// handshake once more, which must settle on it. All bounded by limits.handshake_timeout.
+    /// Errors as connect(host, port), and not_supported when the sides share no transport.
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(Address address, HelloInfo local,
+                                                                          ConnectionLimits limits, HandshakeAuth auth);
+    /// Connects to `host:port` over TCP and runs the handshake (bounded by limits.handshake_timeout).
     /// Errors: connection_lost / io_error (connect), protocol_error (bad magic or version),
     /// unauthorized (a key on one side only, different keys, or the server refused us), timeout.
     [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(std::string host, std::uint16_t port,
@@ -189,9 +230,22 @@ public:
     /// As accept() without a key, admitting everyone.
     [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
                                                                          ConnectionLimits limits = {});
+    /// As accept(), on a stream of transport `transport` ("uv" for TCP, "uds") whose peer
+    /// `endpoint` names. When the negotiation chose another transport, the connection comes back
+    /// closed and redirected(): the client reconnects there.
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::generic::stream_protocol::socket socket,
+                                                                         std::string transport, std::string endpoint,
+                                                                         HelloInfo local, ConnectionLimits limits,
+                                                                         HandshakeAuth auth);
 
     /// The peer's handshake.
     [[nodiscard]] const HelloInfo& peer() const noexcept;
+    /// The transport this connection runs on ("uv", "uds").
+    [[nodiscard]] const std::string& transport() const noexcept;
+    /// What the handshake chose (the transport, the channel per device pair).
+    [[nodiscard]] const Negotiated& negotiated() const noexcept;
+    /// Server side: the handshake chose another transport, so this connection carries nothing.
+    [[nodiscard]] bool redirected() const noexcept;
     /// "name (rank r) at ip:port", for messages.
     [[nodiscard]] std::string describe() const;
     [[nodiscard]] Executor get_executor() const;

@@ -1,0 +1,84 @@
+// Native agent, outgoing connections: which published address to negotiate over, and the
+// connection that the handshake's negotiation chose.
+#include "rpc/native_agent.hpp"
+
+#include <tensorplay/core/log.hpp>
+
+#include "core/asio_compat.hpp"
+#include "transport/negotiate.hpp"
+
+namespace tensorplay::detail {
+
+Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, Duration timeout) {
+    auto keep = shared_from_this();
+    PeerLink& p = peers[rank];
+    for (;;) {
+        if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+        if (p.conn && p.conn->is_open()) co_return p.conn;
+        if (!p.connecting) break;
+        auto wait = p.connecting;
+        co_await wait->async_wait(use_nothrow);
+        if (!(p.conn && p.conn->is_open()) && p.last_connect_error) co_return fail(*p.last_connect_error);
+    }
+    p.connecting = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+    auto limits = tuning.limits;
+    if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
+    HandshakeAuth auth;
+    auth.key = auth_key;
+    // The negotiation runs over the peer's lowest-priority address of a transport this worker
+    // has (its list is in its priority order: uv, when both have it); the handshake then chooses.
+    const TransportOffer* boot = nullptr;
+    for (auto it = p.addresses.rbegin(); it != p.addresses.rend() && !boot; ++it)
+        for (const auto& t : transports)
+            if (t->name() == it->name) boot = &*it;
+    Result<Address> address = fail(Errc::not_supported, "no common transport between worker \"" + self.name + "\" (offers " +
+                                                            offer_names(transport_offers) + ") and worker \"" + p.info.name +
+                                                            "\" (offers " + offer_names(p.addresses) + ")");
+    if (boot) address = Address::parse(boot->address);
+    const std::string where = boot ? boot->address : std::string("(no common transport)");
+    std::optional<Result<std::shared_ptr<Connection>>> c;
+    if (!address) {
+        c.emplace(fail(address.error()));
+    } else {
+        // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
+        auto connecting = Connection::connect(std::move(*address), hello(), limits, std::move(auth));
+        c.emplace(co_await std::move(connecting));
+    }
+    auto done = std::move(p.connecting);
+    p.connecting.reset();
+    done->cancel();
+    if (!*c) {
+        // A refusal (or a peer that fails our check of its key) is unauthorized, and no common
+        // transport is not_supported: retrying will not help either.
+        const Errc code = c->error().code();
+        if (code == Errc::unauthorized)
+            p.last_connect_error = Error(Errc::unauthorized, "cannot connect to worker \"" + p.info.name + "\": " + c->error().message(),
+                                         p.info.name);
+        else if (code == Errc::not_supported)
+            p.last_connect_error = Error(Errc::not_supported, "cannot connect to worker \"" + p.info.name + "\": " + c->error().message(),
+                                         p.info.name);
+        else
+            p.last_connect_error = Error(code == Errc::protocol_error ? Errc::protocol_error : Errc::connection_lost,
+                                         "cannot reach worker \"" + p.info.name + "\" at " + where + ": " + c->error().message(),
+                                         p.info.name);
+        co_return fail(*p.last_connect_error);
+    }
+    auto& conn = **c;
+    p.last_connect_error.reset();
+    if (state == State::closed) {
+        conn->close();
+        co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+    }
+    if (conn->peer().name != p.info.name || conn->peer().rank != rank) {
+        conn->close();
+        co_return fail(Errc::protocol_error, "expected worker \"" + p.info.name + "\" (rank " + std::to_string(rank) + ") at " +
+                                                 where + ", found \"" + conn->peer().name + "\" (rank " +
+                                                 std::to_string(conn->peer().rank) + ")");
+    }
+    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" over " +
+                                    conn->transport() + " (negotiated at " + where + ")");
+    adopt_connection(conn, rank);
+    co_return std::move(conn);
+}
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,233 @@
+// The transport registry: names, priorities, selection from `_transports` / `_channels`, the
+// same-host domain descriptor, and Address parsing.
+#include "transport/transport.hpp"
+
+#include <tensorplay/core/log.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+namespace tensorplay {
+
+namespace {
+constexpr std::size_t kMaxAbstractName = 106;  // sun_path (108) less the leading NUL, less one spare
+}  // namespace
+
+Result<Address> Address::parse(std::string_view url) {
+    auto scheme_end = url.find("://");
+    if (scheme_end == std::string_view::npos)
+        return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\" has no scheme (tcp://, uds:// or shm://)");
+    const std::string_view scheme = url.substr(0, scheme_end), rest = url.substr(scheme_end + 3);
+    Address a;
+    if (scheme == "uds" || scheme == "shm") {
+        a.kind = scheme == "uds" ? Kind::uds : Kind::shm;
+        if (rest.empty() || rest.size() > kMaxAbstractName || rest.find('\0') != std::string_view::npos)
+            return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\": the socket name must have 1 to " +
+                                                    std::to_string(kMaxAbstractName) + " bytes and no NUL");
+        a.name = std::string(rest);
+        return a;
+    }
+    if (scheme != "tcp")
+        return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\": unknown scheme \"" + std::string(scheme) + "\"");
+    std::string_view host, port;
+    if (!rest.empty() && rest.front() == '[') {
+        auto close = rest.find(']');
+        if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
+            return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\": expected tcp://[v6 address]:port");
+        host = rest.substr(1, close - 1);
+        port = rest.substr(close + 2);
+    } else {
+        auto colon = rest.rfind(':');
+        if (colon == std::string_view::npos)
+            return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\" has no port");
+        host = rest.substr(0, colon);
+        port = rest.substr(colon + 1);
+    }
+    unsigned value = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (host.empty() || port.empty() || ec != std::errc() || end != port.data() + port.size() || value > 65535)
+        return fail(Errc::invalid_argument, "address \"" + std::string(url) + "\": bad host or port");
+    a.kind = Kind::tcp;
+    a.host = std::string(host);
+    a.port = static_cast<std::uint16_t>(value);
+    return a;
+}
+
+Address Address::tcp(std::string host, std::uint16_t port) {
+    Address a;
+    a.kind = Kind::tcp;
+    a.host = std::move(host);
+    a.port = port;
+    return a;
+}
+
+Address Address::uds(std::string name) {
+    Address a;
+    a.kind = Kind::uds;
+    a.name = std::move(name);
+    return a;
+}
+
+std::string Address::str() const {
+    switch (kind) {
+    case Kind::tcp:
+        return "tcp://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    case Kind::uds:
+        return "uds://" + name;
+    case Kind::shm:
+        return "shm://" + name;
+    }
+    return {};
+}
+
+std::string Address::where() const { return kind == Kind::tcp ? host + ":" + std::to_string(port) : str(); }
+
+std::string_view Address::transport() const noexcept {
+    switch (kind) {
+    case Kind::tcp:
+        return "uv";
+    case Kind::uds:
+        return "uds";
+    case Kind::shm:
+        return "shm";
+    }
+    return "uv";
+}
+
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+// Defined with each transport (tcp_transport.cpp, uds_transport.cpp).
+std::shared_ptr<const Transport> make_uv_transport();
+std::shared_ptr<const Transport> make_uds_transport();
+
+namespace {
+constexpr std::array<std::string_view, 4> kTransports{"shm", "uds", "ibv", "uv"};
+// TensorPipe's channels, in torch's priority order (CPU channels first).
+constexpr std::array<std::string_view, 8> kChannels{"cma",      "mpt_uv",   "basic",    "xth",
+                                                    "cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic"};
+
+std::string joined(std::span<const std::string_view> names) {
+    std::string s;
+    for (auto n : names) s += (s.empty() ? "" : ", ") + std::string(n);
+    return s;
+}
+
+std::string canonical(std::string_view name) { return name == "tcp" ? std::string("uv") : std::string(name); }
+
+void log_unbuilt_once(const std::string& name, const Error& why) {
+    static std::mutex m;
+    static std::set<std::string> logged;
+    std::lock_guard lock(m);
+    if (logged.insert(name).second) log(LogLevel::info, "transport", why.message() + ": left out");
+}
+}  // namespace
+
+std::span<const std::string_view> known_transports() noexcept { return kTransports; }
+std::span<const std::string_view> known_channels() noexcept { return kChannels; }
+bool channel_available(std::string_view name) noexcept { return name == "basic"; }
+
+Result<void> check_transport_names(std::span<const std::string> names) {
+    for (const auto& n : names) {
+        const std::string c = canonical(n);
+        if (std::find(kTransports.begin(), kTransports.end(), c) == kTransports.end())
+            return fail(Errc::invalid_argument, "_transports names unknown transport \"" + n + "\" (known: " + joined(kTransports) + ")");
+    }
+    return ok();
+}
+
+Result<void> check_channel_names(std::span<const std::string> names) {
+    for (const auto& n : names)
+        if (std::find(kChannels.begin(), kChannels.end(), n) == kChannels.end())
+            return fail(Errc::invalid_argument, "_channels names unknown channel \"" + n + "\" (known: " + joined(kChannels) + ")");
+    return ok();
+}
+
+Result<std::shared_ptr<const Transport>> transport_named(std::string_view name) {
+    const std::string c = canonical(name);
+    if (c == "uv") {
+        static const auto uv = make_uv_transport();
+        return uv;
+    }
+    if (c == "uds") {
+        static const auto uds = make_uds_transport();
+        return uds;
+    }
+    if (c == "shm")
+        return fail(Errc::not_supported, "transport \"shm\" is not built into this agent yet");
+    if (c == "ibv")
+        return fail(Errc::not_supported, "transport \"ibv\" (InfiniBand verbs) is not supported by this agent");
+    return fail(Errc::invalid_argument, "unknown transport \"" + std::string(name) + "\" (known: " + joined(kTransports) + ")");
+}
+
+Result<std::shared_ptr<const Transport>> transport_for(const Address& address) { return transport_named(address.transport()); }
+
+Result<std::vector<std::shared_ptr<const Transport>>> select_transports(const std::optional<std::vector<std::string>>& wanted) {
+    std::vector<std::string> names;
+    if (wanted) {
+        if (auto c = check_transport_names(*wanted); !c) return fail(c.error());
+        for (const auto& w : *wanted) names.push_back(canonical(w));
+    } else {
+        for (auto n : kTransports) names.emplace_back(n);
+    }
+    std::vector<std::shared_ptr<const Transport>> out;
+    for (const auto& n : names) {
+        if (std::any_of(out.begin(), out.end(), [&](const auto& t) { return t->name() == n; })) continue;
+        auto t = transport_named(n);
+        if (!t) {
+            log_unbuilt_once(n, t.error());
+            continue;
+        }
+        out.push_back(std::move(*t));
+    }
+    // Without a list, the default priorities order them (a list is its own order).
+    if (!wanted)
+        std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->priority() > b->priority(); });
+    if (out.empty()) {
+        std::string asked;
+        for (const auto& n : names) asked += (asked.empty() ? "" : ", ") + n;
+        return fail(Errc::not_supported, "none of the _transports [" + asked + "] is available in this agent (available: uv, uds)");
+    }
+    return out;
+}
+
+Result<std::vector<std::string>> select_channels(const std::optional<std::vector<std::string>>& wanted) {
+    std::vector<std::string> out;
+    if (wanted) {
+        if (auto c = check_channel_names(*wanted); !c) return fail(c.error());
+        for (const auto& w : *wanted)
+            if (channel_available(w) && std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+        if (out.empty()) {
+            std::string asked;
+            for (const auto& n : *wanted) asked += (asked.empty() ? "" : ", ") + n;
+            return fail(Errc::not_supported, "none of the _channels [" + asked + "] is available in this agent (available: basic)");
+        }
+        return out;
+    }
+    for (auto c : kChannels)
+        if (channel_available(c)) out.emplace_back(c);
+    return out;
+}
+
+std::string same_host_domain() {
+    static const std::string domain = [] {
+        std::string boot;
+        std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+        struct stat st {};
+        const std::string netns = ::stat("/proc/self/ns/net", &st) == 0 ? std::to_string(st.st_ino) : std::string("?");
+        // Without a boot id (no /proc) the host is unknown: a descriptor nobody else matches.
+        if (boot.empty()) boot = "unknown-" + std::to_string(::getpid());
+        return boot + "/" + netns + "/" + std::to_string(::geteuid());
+    }();
+    return domain;
+}
+
+}  // namespace tensorplay::detail

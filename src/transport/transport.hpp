@@ -1,0 +1,98 @@
+// Private: the transport seam. A Transport (uv = TCP, uds = Unix sockets; shm and ibv named but not
+// built) listens on an Address and connects to one, giving a byte stream that a Connection runs on.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/transport/address.hpp>
+
+#include <asio/generic/stream_protocol.hpp>
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// A connected stream of some transport, before any handshake.
+struct Stream {
+    asio::generic::stream_protocol::socket socket;
+    std::string transport;  ///< the transport's name ("uv", "uds")
+    std::string endpoint;   ///< the peer, for messages ("10.0.0.2:4242", "uds://name (pid 42)")
+    /// TCP: TCP_NODELAY is set, and reads may ask TCP_INQ; other streams always read short.
+    bool tcp = false;
+};
+
+/// A bound, listening socket of one transport. Strand-bound to the executor it was made on.
+class Listener {
+public:
+    virtual ~Listener() = default;
+    /// Where peers reach it (the bound port filled in).
+    [[nodiscard]] virtual const Address& address() const noexcept = 0;
+    /// The next peer that passed this transport's own check (uds: same user, SO_PEERCRED); a peer
+    /// that fails it is closed and logged, and accept waits for the next. Errors: the listener was
+    /// closed (cancelled), or accepting failed (io_error, after which accepting may go on).
+    [[nodiscard]] virtual Task<Result<Stream>> accept() = 0;
+    /// Stops listening; a pending accept ends with Errc::cancelled.
+    virtual void close() = 0;
+};
+
+/// How a worker chooses where it listens (the agent's options; environment as TensorPipe's).
+struct ListenSpec {
+    /// TCP: "host" or "host:port" (TensorPipeRpcBackendOptions::listen_address); empty: the
+    /// interface named by TP_SOCKET_IFNAME, else this host name's address, else 127.0.0.1.
+    std::string tcp_address;
+};
+
+/// One way of moving bytes between two workers. Thread-safe (immutable).
+class Transport {
+public:
+    virtual ~Transport() = default;
+    /// Its name in `_transports` and on the wire.
+    [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+    /// Default priority (higher wins): shm 200 > uds 150 > uv 0, as torch's agent ranks shm over
+    /// uv; uds sits between (a same-host stream without TCP's stack, below shared memory).
+    [[nodiscard]] virtual int priority() const noexcept = 0;
+    /// Whom it reaches: two sides may use it when their descriptors are equal. uv: "uv" (any
+    /// peer with an address); uds: boot id, network namespace and user (an abstract socket is
+    /// visible only inside one network namespace, and the accepting side admits its own user only).
+    [[nodiscard]] virtual const std::string& domain() const noexcept = 0;
+    /// Binds and listens on the executor `ex`.
+    [[nodiscard]] virtual Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const = 0;
+    /// Connects to `address` (of this transport's kind) on the awaiting coroutine's executor.
+    [[nodiscard]] virtual Task<Result<Stream>> connect(Address address) const = 0;
+};
+
+/// Every transport name this library recognises, built or not, in default priority order.
+[[nodiscard]] std::span<const std::string_view> known_transports() noexcept;
+/// Every channel name recognised (TensorPipe's), in default priority order.
+[[nodiscard]] std::span<const std::string_view> known_channels() noexcept;
+/// Channels built in (today: basic).
+[[nodiscard]] bool channel_available(std::string_view name) noexcept;
+
+/// The transport named `name` ("tcp" is taken as "uv"). invalid_argument for a name nobody
+/// knows; not_supported for a recognised one that is not built (shm, ibv).
+[[nodiscard]] Result<std::shared_ptr<const Transport>> transport_named(std::string_view name);
+/// The transport for an address's kind.
+[[nodiscard]] Result<std::shared_ptr<const Transport>> transport_for(const Address& address);
+
+/// The transports to use for `wanted` (`_transports`; nullopt: every one built in), highest
+/// priority first. Named but unbuilt ones are left out (logged once); none left is not_supported;
+/// an unknown name is invalid_argument.
+[[nodiscard]] Result<std::vector<std::shared_ptr<const Transport>>> select_transports(
+    const std::optional<std::vector<std::string>>& wanted);
+/// The channels to use for `wanted` (`_channels`), highest priority first, as select_transports.
+[[nodiscard]] Result<std::vector<std::string>> select_channels(const std::optional<std::vector<std::string>>& wanted);
+
+/// Checks that every name is a recognised transport (resp. channel): invalid_argument naming the
+/// first that is not, and the ones that are.
+[[nodiscard]] Result<void> check_transport_names(std::span<const std::string> names);
+[[nodiscard]] Result<void> check_channel_names(std::span<const std::string> names);
+
+/// "boot id/network namespace inode/uid" of this process: the same-host domain.
+[[nodiscard]] std::string same_host_domain();
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,193 @@
+// Transport negotiation between agents: the default picks uds on one host, `_transports`
+// restricts and orders, unknown names are refused up front, no common transport fails init
+// naming both workers, and the uds listener admits its own user only (SO_PEERCRED).
+#include "rpc/agent_test_util.hpp"
+
+#include "transport/frame.hpp"
+#include "transport/transport.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+
+namespace {
+using Names = std::optional<std::vector<std::string>>;
+
+test::Configure with(Names transports) {
+    return [transports](int, TensorPipeRpcBackendOptions& o) { o.transports = transports; };
+}
+
+/// Starts two agents with the given `_transports` each; the results of both.
+Task<std::vector<Result<test::AgentPtr>>> start_two(Names first, Names second) {
+    auto ex = co_await asio::this_coro::executor;
+    auto store = std::make_shared<HashStore>(std::chrono::seconds(5));
+    std::vector<Result<test::AgentPtr>> out(2, fail(Errc::internal, "not started"));
+    test::Signal done(ex, 2);
+    for (int r = 0; r < 2; ++r) {
+        auto args = test::init_args(store, r, 2, with(r == 0 ? first : second));
+        asio::co_spawn(ex, detail::NativeAgent::create(std::move(args)),
+                       [&out, &done, r](std::exception_ptr, Result<test::AgentPtr> a) {
+                           out[r] = std::move(a);
+                           done.try_send(std::error_code{}, r);
+                       });
+    }
+    for (int i = 0; i < 2; ++i) co_await done.async_receive(asio::use_awaitable);
+    co_return out;
+}
+}  // namespace
+
+/// A hello from "worker0" offering uds (built outside coroutines: GCC 12 and initializer lists).
+Bytes uds_hello() {
+    HelloInfo h;
+    h.name = "worker0";
+    h.rank = 0;
+    auto uds = detail::transport_named("uds");
+    REQUIRE(uds);
+    h.transports = {TransportOffer{"uds", (*uds)->domain(), ""}};
+    return detail::encode_hello(h);
+}
+
+TEST_CASE("by default two workers on one host negotiate uds and the basic channel", "[rpc][agent][negotiation]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("over uds"));
+        REQUIRE(r);
+        CHECK(g[0]->connection_to(1)->transport() == "uds");
+        CHECK(g[1]->connection_to(0)->transport() == "uds");
+        auto info = co_await g[0]->get_debug_info();
+        REQUIRE(info);
+        REQUIRE(info->peers.size() == 1);
+        CHECK(info->peers[0].transport == "uds");
+        CHECK(info->peers[0].channel == "cpu->cpu:basic");
+        // Both listeners are published, highest priority first.
+        auto urls = g[1]->listen_urls();
+        REQUIRE(urls.size() == 2);
+        CHECK(urls[0].rfind("uds://", 0) == 0);
+        CHECK(urls[1].rfind("tcp://127.0.0.1:", 0) == 0);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("_transports [uv] gives TCP even on one host", "[rpc][agent][negotiation]") {
+    const auto uv = with(std::vector<std::string>{"uv"});
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, uv);
+        test::register_echo(g);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("over tcp"));
+        REQUIRE(r);
+        CHECK(g[0]->connection_to(1)->transport() == "uv");
+        CHECK(g[1]->listen_urls().size() == 1);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("the server's order decides: one side preferring uv and the other uds", "[rpc][agent][negotiation]") {
+    // worker0 ranks uv first, worker1 uds first: each connection takes its server's choice.
+    const Names uv_first = std::vector<std::string>{"uv", "uds"}, uds_first = std::vector<std::string>{"uds", "uv"};
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto both = co_await start_two(uv_first, uds_first);
+        REQUIRE(both[0]);
+        REQUIRE(both[1]);
+        CHECK((*both[0])->connection_to(1)->transport() == "uds");  // worker1 served it
+        CHECK((*both[1])->connection_to(0)->transport() == "uv");   // worker0 served it
+        for (auto& a : both) {
+            auto d = co_await (*a)->shutdown(false);
+            CHECK(d);
+        }
+    });
+}
+
+TEST_CASE("uds alone needs no TCP listener: the negotiation runs over the Unix socket", "[rpc][agent][negotiation]") {
+    const auto uds = with(std::vector<std::string>{"uds"});
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, uds);
+        test::register_echo(g);
+        auto urls = g[1]->listen_urls();
+        REQUIRE(urls.size() == 1);
+        CHECK(urls[0].rfind("uds://", 0) == 0);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("x"));
+        CHECK(r);
+        CHECK(g[0]->connection_to(1)->transport() == "uds");
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("two workers without a common transport fail init naming both", "[rpc][agent][negotiation]") {
+    const Names uds = std::vector<std::string>{"uds"}, uv = std::vector<std::string>{"uv"};
+    test::run_with_deadline(15s, [&]() -> Task<void> {
+        auto both = co_await start_two(uds, uv);
+        for (auto& a : both) {
+            REQUIRE_FALSE(a);
+            INFO(a.error().to_string());
+            CHECK(a.error().code() == Errc::not_supported);
+            CHECK(a.error().message().find("no common transport") != std::string::npos);
+            CHECK(a.error().message().find("\"worker0\"") != std::string::npos);
+            CHECK(a.error().message().find("\"worker1\"") != std::string::npos);
+        }
+    });
+}
+
+TEST_CASE("unknown transport and channel names are invalid_argument when the options are checked", "[rpc][options][negotiation]") {
+    TensorPipeRpcBackendOptions o;
+    o.transports = std::vector<std::string>{"uv", "carrier_pigeon"};
+    auto r = o.validate();
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == Errc::invalid_argument);
+    CHECK(r.error().message().find("carrier_pigeon") != std::string::npos);
+    o.transports = std::vector<std::string>{"shm", "uds", "ibv", "uv", "tcp"};
+    CHECK(o.validate());
+    o.channels = std::vector<std::string>{"basic", "teleport"};
+    auto c = o.validate();
+    REQUIRE_FALSE(c);
+    CHECK(c.error().message().find("teleport") != std::string::npos);
+}
+
+TEST_CASE("the uds listener closes a peer of another user (SO_PEERCRED)", "[rpc][agent][negotiation][fault]") {
+    if (::geteuid() != 0) {
+        WARN("not root: cannot connect as another user; skipped");
+        return;
+    }
+    const auto uds_uv = with(std::vector<std::string>{"uds", "uv"});
+    const Bytes hello = uds_hello();
+    test::run_with_deadline(15s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, uds_uv);
+        test::register_echo(g);
+        std::string url;
+        for (const auto& u : g[1]->listen_urls())
+            if (u.rfind("uds://", 0) == 0) url = u;
+        REQUIRE(!url.empty());
+        const std::string name = url.substr(6);
+        // The child turns into nobody, connects, says hello and reports what came back:
+        // 0 = the server closed without a word (refused), 1 = it answered, 2 = setup failed.
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+            int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            std::memcpy(a.sun_path + 1, name.data(), name.size());
+            auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+            if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) ::_exit(2);
+            (void)::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
+            char buf[64];
+            ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+            ::_exit(n > 0 ? 1 : 0);
+        }
+        int status = 0;
+        for (int i = 0; i < 500 && ::waitpid(child, &status, WNOHANG) == 0; ++i) co_await test::sleep_for(10ms);
+        REQUIRE(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+        // The agent serves its own user as before.
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("still here"));
+        CHECK(r);
+        co_await test::shutdown_all(g);
+    });
+}
