@@ -197,6 +197,15 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
 }
 
 Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
+    if (desc.target.type != DeviceType::cpu) {
+        // The `basic` channel reads the bytes into host memory: a target the host cannot address
+        // needs a device channel (not built yet), refused before anything is allocated.
+        auto backend = backend_for(desc.target);
+        if (backend && !(*backend)->host_accessible())
+            return fail(Error(Errc::device_error, "cannot receive a tensor into " + desc.target.str() + " on worker \"" + self.name +
+                                                      "\": its memory is not host-addressable and no device channel is built yet",
+                              self.name));
+    }
     auto t = empty(desc.target, desc.dtype, desc.shape);
     if (!t) return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
                                                       "\": " + t.error().message(),

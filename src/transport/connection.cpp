@@ -388,10 +388,30 @@ Result<void> Connection::send(Frame frame, bool flush) {
     return send(frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
 }
 
+namespace {
+/// The `basic` channel writes a tensor's bytes from the host: storage that the host cannot address
+/// (cuda memory) needs a device channel, which this build does not have yet.
+Result<void> basic_channel_carries(const std::vector<Tensor>& tensors) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (!tensors[i].defined()) continue;
+        const Device d = tensors[i].device();
+        if (d.type == DeviceType::cpu) continue;
+        auto backend = backend_for(d);
+        if (backend && (*backend)->host_accessible()) continue;
+        return fail(Errc::device_error, "tensor " + std::to_string(i) + " is on " + d.str() +
+                                            ", whose memory the host cannot address: no channel for it is built yet "
+                                            "(only `basic`, host memory); copy it to the CPU first");
+    }
+    return ok();
+}
+}  // namespace
+
 Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                               std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
     auto& s = *state_;
     if (!s.open) return fail(s.closed_error());
+    if (!tensors.empty())
+        if (auto c = basic_channel_carries(tensors); !c) return c;
     ++s.sends;
     const detail::FrameParts parts{kind, id, name, payload, tensors, targets};
     bool inl = false;

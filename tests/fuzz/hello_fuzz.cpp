@@ -1,5 +1,5 @@
-// Fuzzes the handshake decoders (the 12-byte hello prefix, then the version-2 body it announces,
-// authentication fields included): what decodes is within the limits and encode_hello writes it
+// Fuzzes the handshake decoders (the 12-byte hello prefix, then the version-3 body it announces,
+// offers, authentication and the answer included): what decodes is within the limits and encode_hello writes it
 // back byte for byte.
 #include "transport/frame.hpp"
 

@@ -51,18 +51,39 @@ write("frame_meta", {
     "empty_dims": meta("", [tensor(5, CPU, CPU, [0, 5], 0), tensor(0, CPU, CPU, [1, 1, 1, 7], 7)]),
 })
 
-# ---- handshake: u32 magic "TRPC", u16 version, u16 flags, u32 body_len; body str32 name, i32 rank,
-# u32 n transports {str32}, u32 n channels {str32}
-def hello(name, rank, transports, channels, version=1):
-    body = str32(name) + i32(rank) + u32(len(transports)) + b"".join(str32(t) for t in transports)
-    body += u32(len(channels)) + b"".join(str32(c) for c in channels)
+# ---- handshake (docs/protocol.md, "Handshake", version 3): u32 magic "TRPC", u16 version, u16 flags,
+# u32 body_len; body: str32 name, i32 rank, u32 n transport offers {str32 name, domain, address},
+# u32 n channel offers {str32 name, device type, domain}, u8 auth [32-byte nonce], u8 step
+# [str32 reason | 32-byte proof], u8 answer flag [str32 transport, str32 address, u32 n
+# {str32 client device type, str32 server device type, str32 channel}]
+def hello(name, rank, transports, channels, version=3, auth=False, step=0, reason="", answer=None):
+    body = str32(name) + i32(rank) + u32(len(transports))
+    body += b"".join(str32(n) + str32(d) + str32(a) for n, d, a in transports)
+    body += u32(len(channels)) + b"".join(str32(n) + str32(t) + str32(d) for n, t, d in channels)
+    body += bytes([1]) + bytes(range(32)) if auth else bytes([0])
+    body += bytes([step])
+    if step == 2: body += str32(reason)
+    if step == 1: body += bytes(range(100, 132))
+    if answer is None:
+        body += bytes([0])
+    else:
+        transport, address, pairs = answer
+        body += bytes([1]) + str32(transport) + str32(address) + u32(len(pairs))
+        body += b"".join(str32(a) + str32(b) + str32(c) for a, b, c in pairs)
     return u32(0x43505254) + u16(version) + u16(0) + u32(len(body)) + body
 
+BASIC = [("basic", "cpu", "any")]
 write("hello", {
-    "worker0": hello("worker0", 0, ["tcp"], ["basic"]),
-    "trainer": hello("trainer17", 17, ["tcp", "shm"], ["basic", "cuda_ipc"]),
+    "client": hello("worker0", 0, [("uv", "uv", ""), ("uds", "uds:boot/4026531840/0", "")], BASIC),
+    "server_answer": hello("worker1", 1, [("uds", "uds:boot/4026531840/0", "uds://tp-worker1-1234"),
+                                          ("uv", "uv", "tcp://127.0.0.1:29500")], BASIC,
+                           answer=("uds", "uds://tp-worker1-1234", [("cpu", "cpu", "basic")])),
+    "keyed_client": hello("trainer17", 17, [("uv", "uv", "")], BASIC, auth=True),
+    "keyed_server_proof": hello("w", 3, [("uv", "uv", "tcp://10.0.0.2:1")], BASIC, auth=True, step=1,
+                                answer=("uv", "tcp://10.0.0.2:1", [("cpu", "cpu", "basic")])),
+    "refusal": hello("w", 2, [], [], step=2, reason="worker \"x\" is not in this group"),
     "no_rank": hello("", -1, [], []),
-    "future_version": hello("w", 3, ["tcp"], ["basic"], version=2),
+    "old_version": hello("w", 3, [("uv", "uv", "")], BASIC, version=2),
 })
 
 # ---- c10d requests: a type byte, then u64-length strings, u64 counts, i64 deltas, u32 nonces.
