@@ -25,6 +25,7 @@
 #include <tensorplay/store/store.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
+#include <tensorplay/transport/address.hpp>
 #include <tensorplay/transport/connection.hpp>
 
 #include <tensorplay/rpc/agent.hpp>
