@@ -6,6 +6,8 @@
 #include <asio/experimental/channel.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/detail/concurrency_hint.hpp>
+#include <asio/io_context.hpp>
 
 #include <typeinfo>
 
@@ -16,6 +18,14 @@ namespace tensorplay::detail {
 template <class T, class AnyExecutor>
 const T* target_of(const AnyExecutor& ex) noexcept {
     return ex && ex.target_type() == typeid(T) ? ex.template target<T>() : nullptr;
+}
+
+/// The number of threads `ctx` was made for, when it says (its concurrency hint); 0 for the special
+/// hints (ASIO_CONCURRENCY_HINT_UNSAFE and the like), which promise one thread. (Asio keeps the hint
+/// in its private scheduler: this is the one place that names it.)
+inline int io_context_threads(asio::io_context& ctx) {
+    const int hint = asio::use_service<asio::detail::scheduler>(ctx).concurrency_hint();
+    return ASIO_CONCURRENCY_HINT_IS_SPECIAL(hint) ? 0 : hint;
 }
 
 /// Completion token for library I/O: `auto [ec, n] = co_await sock.async_read_some(buf, use_nothrow);`

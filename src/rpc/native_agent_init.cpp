@@ -15,7 +15,6 @@
 #include <tensorplay/rpc/device_map_exchange.hpp>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detail/concurrency_hint.hpp>
 #include <asio/detail/scheduler.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/io_context.hpp>
@@ -492,9 +491,8 @@ std::optional<std::string> concurrent_executor(const Executor& ex) {
         return std::nullopt;
     if (target_of<asio::thread_pool::executor_type>(ex)) return "a thread pool's executor";
     if (auto* io = target_of<asio::io_context::executor_type>(ex)) {
-        const int hint = asio::use_service<asio::detail::scheduler>(io->context()).concurrency_hint();
-        if (!ASIO_CONCURRENCY_HINT_IS_SPECIAL(hint) && hint > 1)
-            return "the executor of an io_context made for " + std::to_string(hint) + " threads";
+        if (const int threads = io_context_threads(io->context()); threads > 1)
+            return "the executor of an io_context made for " + std::to_string(threads) + " threads";
     }
     return std::nullopt;
 }

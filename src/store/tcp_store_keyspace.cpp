@@ -185,32 +185,19 @@ void StoreServerState::erase(StringMap<Bytes>::iterator it) {
 void StoreServerState::store(std::string_view key, std::span<const std::uint8_t> value, bool append) {
     auto it = data.find(key);
     const bool watched = !watchers.empty() && watchers.contains(key);
-    // Accounted before the change (which may throw: then nothing changed, and the count is restored).
-    const std::size_t before = it == data.end() ? 0 : charge(key, it->second.size());
-    const std::size_t after = charge(key, (append && it != data.end() ? it->second.size() : 0) + value.size());
-    stored_bytes = stored_bytes - before + after;
-    struct Restore {
-        std::size_t& bytes;
-        std::size_t undo_before, undo_after;
-        bool armed = true;
-        ~Restore() {
-            if (armed) bytes = bytes - undo_after + undo_before;
-        }
-    } restore{stored_bytes, before, after};
-    if (it == data.end()) {
+    const bool created = it == data.end();
+    Bytes old;  // for the watchers
+    if (created) {
         it = data.emplace(std::string(key), Bytes(value.begin(), value.end())).first;
-        if (watched) notify_watchers(key, c10d::kWatchCreated, {}, it->second);
-    } else if (watched) {
-        Bytes old = it->second;
+        stored_bytes += charge(key, it->second.size());
+    } else {
+        if (watched) old = it->second;
+        const std::size_t before = charge(key, it->second.size());
         if (append) it->second.insert(it->second.end(), value.begin(), value.end());
         else it->second.assign(value.begin(), value.end());
-        notify_watchers(key, c10d::kWatchUpdated, old, it->second);
-    } else if (append) {
-        it->second.insert(it->second.end(), value.begin(), value.end());
-    } else {
-        it->second.assign(value.begin(), value.end());
+        stored_bytes = stored_bytes - before + charge(key, it->second.size());  // (counted as soon as changed)
     }
-    restore.armed = false;
+    if (watched) notify_watchers(key, created ? c10d::kWatchCreated : c10d::kWatchUpdated, old, it->second);
     key_changed(key);
 }
 
