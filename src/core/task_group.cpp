@@ -65,7 +65,11 @@ bool TaskGroup::spawn(Task<void> task, const char* what) {
     auto slot = m->signal.slot();
     asio::co_spawn(st.ex, std::move(task),
                    asio::bind_cancellation_slot(slot, [in = Membership(state_, std::move(m)), what](std::exception_ptr e) {
-                       if (e) log(LogLevel::error, "core", error_from_exception_ptr(e, what).to_string());
+                       if (!e) return;
+                       // (A cancelled task may end by the operation_aborted that Asio throws at its
+                       // next wait: that is how cancel() ends it, not a failure.)
+                       auto err = error_from_exception_ptr(e, what);
+                       log(err.code() == Errc::cancelled ? LogLevel::debug : LogLevel::error, "core", err.to_string());
                    }));
     return true;
 }

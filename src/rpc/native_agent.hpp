@@ -11,6 +11,7 @@
 #include "core/asio_compat.hpp"
 #include "rpc/agent_metrics.hpp"
 #include "core/resume_slot.hpp"
+#include "core/task_group.hpp"
 #include "transport/transport.hpp"
 
 #include <asio/ip/tcp.hpp>
@@ -129,7 +130,8 @@ struct HandlerEntry {
 };
 
 /// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
-/// Coroutines the agent starts hold a shared_ptr to it, so it outlives them.
+/// Every coroutine the agent starts in the background is a member of `tasks` (and holds a
+/// shared_ptr to it, so it outlives them): close_local cancels them, shutdown waits for them.
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
     enum class State { starting, running, draining, closed };
 
@@ -137,6 +139,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     ~AgentCore();
 
     Executor ex;
+    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers.
+    TaskGroup tasks;
     std::shared_ptr<Store> store;
     std::shared_ptr<RpcBackendOptions> options;
     const TensorPipeRpcBackendOptions* tp_options = nullptr;
@@ -208,8 +212,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<void>> shutdown(bool graceful, double timeout_sec);
     /// The counters' snapshot (on the strand).
     [[nodiscard]] Task<Result<AgentDebugInfo>> debug_info();
-    /// Closes everything local: pending calls end with `reason`, connections and the listener close.
+    /// Closes everything local: pending calls end with `reason`, connections and the listener
+    /// close, background tasks are cancelled (and no new one starts).
     void close_local(const Error& reason);
+    /// After close_local: waits until every background task has ended, at most `limit`; false
+    /// (logged, naming how many still run) when some did not end in time (a handler that ignores
+    /// cancellation, a blocking handler still running).
+    [[nodiscard]] Task<bool> join_tasks(Duration limit);
     [[nodiscard]] HelloInfo hello() const;
     /// Whether an inbound peer (authenticated, with a key) may connect: its name and rank must be
     /// another worker's of the group. The error says why not (it is sent to the peer).
@@ -299,6 +308,8 @@ public:
     [[nodiscard]] std::vector<std::string> listen_urls() const;
     /// Test hook: the open outgoing connection to `rank`, if any.
     [[nodiscard]] std::shared_ptr<Connection> connection_to(int rank) const;
+    /// Test hook (on the agent's executor): its background coroutines still running.
+    [[nodiscard]] std::size_t background_tasks() const;
 
 private:
     std::shared_ptr<AgentCore> core_;
@@ -310,7 +321,7 @@ private:
 [[nodiscard]] std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors,
                                                 std::vector<Device>& targets);
 
-/// Logs an exception that escaped one of the agent's detached coroutines (their co_spawn handler).
+/// Logs an exception that escaped a spawned coroutine (a co_spawn completion handler).
 void log_task_error(std::exception_ptr e);
 
 /// Error frame payload: u16 code, str32 worker, str32 message.

@@ -281,10 +281,7 @@ void AgentCore::add_deadline(PendingCall& pc, Clock::time_point at) {
         sweep_at = at;
         sweep_timer.expires_at(at);
     }
-    if (!sweeping) {
-        sweeping = true;
-        asio::co_spawn(ex, sweep_loop(shared_from_this()), log_task_error);
-    }
+    if (!sweeping) sweeping = tasks.spawn(sweep_loop(shared_from_this()), "the deadline sweep");
 }
 
 void AgentCore::remove_deadline(PendingCall& pc) { deadlines.remove(pc); }
@@ -544,6 +541,8 @@ std::string NativeAgent::listen_address() const {
     if (!core_->host.empty() || core_->transport_offers.empty()) return core_->host + ":" + std::to_string(core_->port);
     return core_->transport_offers.front().address;
 }
+
+std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
     if (rank < 0 || rank >= static_cast<int>(core_->peers.size())) return nullptr;

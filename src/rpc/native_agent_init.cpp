@@ -142,7 +142,10 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
         }
         core->inbound_full_logged = false;
         ++core->inbound_open;
-        asio::co_spawn(core->ex, accept_inbound(core, std::move(*stream)), log_task_error);
+        if (!core->tasks.spawn(accept_inbound(core, std::move(*stream)), "the handshake of an inbound connection")) {
+            --core->inbound_open;  // (closing: the unstarted task closed the stream)
+            co_return;
+        }
     }
 }
 
@@ -150,6 +153,7 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
 
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
+      tasks(ex),
       store(std::move(args.store)),
       options(std::move(args.options)),
       tuning(std::move(t)),
@@ -329,7 +333,7 @@ Task<Result<void>> AgentCore::start() {
                                            "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
                                            "secret on every worker");
     }
-    for (auto& l : listeners) asio::co_spawn(ex, accept_loop(shared_from_this(), l.get()), log_task_error);
+    for (auto& l : listeners) tasks.spawn(accept_loop(shared_from_this(), l.get()), "an accept loop");
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + " of " +
                                    std::to_string(world_size) + ") listening on " + where);
 
@@ -402,11 +406,12 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
     if (state == State::closed || state == State::draining) co_return ok();
     Result<void> result = ok();
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" shutting down (" + (graceful ? "graceful" : "local") + ")");
+    const auto shutdown_deadline = timeout_sec > 0
+                                       ? Clock::now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_sec))
+                                       : Clock::time_point::max();
     if (graceful && state == State::running) {
         state = State::draining;
-        const auto deadline = timeout_sec > 0
-                                  ? Clock::now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_sec))
-                                  : Clock::time_point::max();
+        const auto deadline = shutdown_deadline;
         while (outstanding > 0) {
             idle = std::make_shared<asio::steady_timer>(ex, deadline);
             auto t = idle;
@@ -448,6 +453,14 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
         }
     }
     close_local(Error(Errc::shutdown, "the agent of worker \"" + self.name + "\" was shut down", self.name));
+    // What is left of the timeout (a local shutdown, or one without a timeout: a few seconds) for
+    // the background tasks to end; none of them runs the agent's code after this.
+    Duration join_limit = std::chrono::seconds(5);
+    if (graceful && timeout_sec > 0) {
+        const auto left = shutdown_deadline - Clock::now();
+        join_limit = std::max(Duration(std::chrono::milliseconds(100)), std::min(join_limit, left));
+    }
+    (void)co_await join_tasks(join_limit);
     log(result ? LogLevel::info : LogLevel::warn, "rpc",
         "worker \"" + self.name + "\" is shut down" + (result ? std::string() : ": " + result.error().to_string()));
     co_return result;
@@ -471,6 +484,23 @@ void AgentCore::close_local(const Error& reason) {
     if (idle) idle->cancel();
     sweep_timer.cancel();
     release_workers();
+    tasks.close();
+    tasks.cancel();
+}
+
+Task<bool> AgentCore::join_tasks(Duration limit) {
+    auto keep = shared_from_this();
+    auto joining = [](TaskGroup& g) -> Task<Result<void>> {
+        co_await g.join();
+        co_return ok();
+    };
+    auto joined = co_await with_timeout(joining(tasks), limit);
+    if (joined && tasks.running() == 0) co_return true;
+    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" is shut down with " + std::to_string(tasks.running()) +
+                                   " background task(s) still running after " +
+                                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
+                                   " ms (a handler that does not return, or ignores cancellation)");
+    co_return false;
 }
 
 NativeAgent::~NativeAgent() {

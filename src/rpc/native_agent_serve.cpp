@@ -125,7 +125,8 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
     if (idle_workers.empty()) {
         ServeRequest req;
         fill(req);
-        asio::co_spawn(ex, serve_worker(shared_from_this(), conn, std::move(req)), log_task_error);
+        if (!tasks.spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
+            --metrics.requests_running;  // (closing: nobody will answer it)
         return;
     }
     ServeWorker* w = idle_workers.back();

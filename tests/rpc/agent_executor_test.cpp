@@ -179,3 +179,87 @@ TEST_CASE("an event loop destroyed with its agents running, their serving worker
     INFO(failure.value_or(""));
     CHECK_FALSE(failure);
 }
+
+namespace {
+/// Sets its flag when destroyed: marks that a handler's frame ended (returned, threw or was
+/// destroyed), whichever way.
+struct Ended {
+    std::shared_ptr<bool> flag;
+    ~Ended() { *flag = true; }
+};
+}  // namespace
+
+TEST_CASE("shutdown cancels the agent's background work and returns once it has ended: a handler in flight, a silent "
+          "socket in its handshake",
+          "[rpc][agent]") {
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto g = co_await test::make_group(2);
+        auto handler_ended = std::make_shared<bool>(false);
+        test::Signal entered(ex, 1);
+        REQUIRE(g[1]->register_handler("hang", [&entered, handler_ended](WorkerInfo, Message m) -> Task<Result<Message>> {
+            Ended mark{handler_ended};
+            entered.try_send(std::error_code{}, 0);
+            asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::seconds(60));
+            co_await t.async_wait(asio::use_awaitable);  // (throws when cancelled)
+            co_return m;
+        }));
+        std::optional<Result<Message>> call;
+        asio::co_spawn(ex, g[0]->rpc_async(test::worker_name(1), "hang", test::text_message("x"), 30),
+                       [&call](std::exception_ptr, Result<Message> r) { call = std::move(r); });
+        co_await entered.async_receive(asio::use_awaitable);
+        // A socket that connects and never says hello: its handshake would run 10 s.
+        const auto addr = g[1]->listen_address();
+        const auto colon = addr.rfind(':');
+        asio::ip::tcp::socket silent(ex);
+        co_await silent.async_connect({asio::ip::make_address(addr.substr(0, colon)),
+                                       static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1)))},
+                                      asio::use_awaitable);
+        co_await test::sleep_for(50ms);  // (accepted, handshaking)
+        CHECK(g[1]->background_tasks() >= 3);  // accept loop(s), the handshake, the serving worker
+
+        const auto t0 = Clock::now();
+        auto r = co_await g[1]->shutdown(false, 5);
+        const auto took = Clock::now() - t0;
+        CHECK(r);
+        CHECK(took < 3s);  // not the handler's 60 s nor the handshake's 10 s
+        CHECK(g[1]->background_tasks() == 0);
+        CHECK(*handler_ended);
+
+        // The caller's pending call ended with the callee's connection (well before its 30 s).
+        for (int i = 0; i < 200 && !call; ++i) co_await test::sleep_for(10ms);
+        REQUIRE(call);
+        CHECK_FALSE(*call);
+        CHECK(g[0]->background_tasks() >= 1);
+        auto r0 = co_await g[0]->shutdown(false, 5);
+        CHECK(r0);
+        CHECK(g[0]->background_tasks() == 0);
+    });
+}
+
+TEST_CASE("after a graceful shutdown none of the agents' coroutines runs: parked workers, the deadline sweep, accept loops",
+          "[rpc][agent]") {
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(3);
+        test::register_echo(g);
+        auto ex = co_await asio::this_coro::executor;
+        test::Signal done(ex, 64);
+        int ok_calls = 0;
+        for (int i = 0; i < 30; ++i) {
+            asio::co_spawn(ex, g[i % 3]->rpc_async(test::worker_name((i + 1) % 3), "echo", test::text_message("x"), 5),
+                           [&](std::exception_ptr, Result<Message> r) {
+                               ok_calls += r ? 1 : 0;
+                               done.try_send(std::error_code{}, 0);
+                           });
+        }
+        for (int i = 0; i < 30; ++i) co_await done.async_receive(asio::use_awaitable);
+        CHECK(ok_calls == 30);
+        for (int r = 0; r < 3; ++r) CHECK(g[r]->background_tasks() > 0);
+        auto results = co_await test::shutdown_all(g, true, 5);
+        for (int r = 0; r < 3; ++r) {
+            INFO("worker" << r);
+            CHECK(results[r]);
+            CHECK(g[r]->background_tasks() == 0);
+        }
+    });
+}
