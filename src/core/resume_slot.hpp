@@ -24,13 +24,9 @@
 #include <asio/version.hpp>
 
 // wait() parks an asio::awaitable coroutine through the frame's own suspension hook (the one
-// use_awaitable's initiation uses), which is Asio 1.22's internal interface; elsewhere it is a
-// coroutine over async_wait.
-#if ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
-#define TP_DIRECT_WAIT 1
-#else
-#define TP_DIRECT_WAIT 0
-#endif
+// use_awaitable's initiation uses), which is Asio 1.22's internal interface; without
+// TP_ASIO_INTERNALS it is a coroutine over async_wait.
+#define TP_DIRECT_WAIT TP_ASIO_INTERNALS
 
 #include <atomic>
 #include <memory>

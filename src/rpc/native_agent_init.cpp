@@ -513,8 +513,8 @@ NativeAgent::~NativeAgent() {
 
 namespace {
 /// Why `ex` may run two of the agent's handlers at once (its state is not locked), when it can be
-/// told: a thread pool's executor, or an io_context's made for several threads. Strands, and
-/// executors it does not know, pass.
+/// told: a thread pool's executor, or an io_context's made for several threads (when its hint can
+/// be read: TP_ASIO_INTERNALS). Strands, and executors it does not know, pass.
 std::optional<std::string> concurrent_executor(const Executor& ex) {
     if (target_of<asio::strand<asio::io_context::executor_type>>(ex) || target_of<asio::strand<asio::thread_pool::executor_type>>(ex) ||
         target_of<asio::strand<Executor>>(ex))

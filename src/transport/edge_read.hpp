@@ -18,7 +18,7 @@
 #include <system_error>
 #include <utility>
 
-#if defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT) && ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
+#if TP_ASIO_INTERNALS && defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT)
 #define TP_EDGE_READ 1
 #include <asio/detail/reactor.hpp>
 #include <asio/detail/reactor_op.hpp>

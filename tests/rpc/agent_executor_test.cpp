@@ -74,6 +74,7 @@ TEST_CASE("an agent is refused an executor that may run its handlers at once, an
         if (a) return std::nullopt;
         return a.error();
     };
+#if TP_ASIO_INTERNALS  // (the hint is Asio's private state: without the internals it cannot be read)
     {
         asio::io_context four(4);  // made for four threads (run here by one: the hint is what counts)
         std::thread t([&] {
@@ -89,6 +90,7 @@ TEST_CASE("an agent is refused an executor that may run its handlers at once, an
         CHECK(e->message().find("io_context made for 4 threads") != std::string::npos);
         CHECK(e->message().find("make_strand") != std::string::npos);
     }
+#endif
     {
         asio::thread_pool pool(2);
         auto f = start_on(pool.get_executor());
