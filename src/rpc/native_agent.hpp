@@ -10,6 +10,7 @@
 
 #include "core/asio_compat.hpp"
 #include "rpc/agent_metrics.hpp"
+#include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "transport/transport.hpp"
@@ -152,10 +153,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// that may be gone when the agent was already closed.
     std::atomic<bool> closed{false};
 
-    std::vector<WorkerInfo> workers;  // by rank
-    std::map<std::string, int, std::less<>> rank_of;
-    std::vector<PeerLink> peers;      // by rank; the own entry is unused
-    int last_called = -1;             // the rank ready_rank found last (never our own)
+    /// The group's members, this worker included (its own link is unused); empty until start()
+    /// has read every worker's address.
+    PeerTable peers;
+    bool roster_read = false;  ///< `peers` holds the whole group
+    int last_called = -1;      // the rank ready_rank found last (never our own)
 
     /// One per transport this worker uses, in priority order (native_agent_init.cpp).
     std::vector<std::unique_ptr<Listener>> listeners;

@@ -114,8 +114,8 @@ PendingCall* take_pending(PeerLink& peer, std::uint64_t id) {
 /// place, and a request its serving worker.
 class ConnectionReader final : public FrameSink {
 public:
-    ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, int rank)
-        : core_(std::move(core)), conn_(std::move(conn)), rank_(rank) {}
+    ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::shared_ptr<PeerLink> peer)
+        : core_(std::move(core)), conn_(std::move(conn)), peer_(std::move(peer)) {}
 
     void on_small_frame(const FrameView& f) override {
         if (f.kind == FrameKind::request)
@@ -133,13 +133,13 @@ public:
     }
 
     /// A connection to a worker waits for replies while calls on it are pending.
-    [[nodiscard]] bool awaiting_input() const override { return rank_ >= 0 && !core_->peers[rank_].pending.empty(); }
+    [[nodiscard]] bool awaiting_input() const override { return peer_ && !peer_->pending.empty(); }
 
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
-        if (rank_ < 0) --core.inbound_open;
-        if (rank_ >= 0) {
-            auto& peer = core.peers[rank_];
+        if (!peer_) --core.inbound_open;
+        if (peer_) {
+            PeerLink& peer = *peer_;
             if (peer.conn == conn_) peer.conn.reset();
             Errc code = core.state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
             if (code == Errc::connection_lost)
@@ -158,11 +158,11 @@ private:
     /// the refused tensor's error (`alloc_error`), or the message `make` builds.
     template <class MakeMessage>
     void reply(FrameKind kind, std::uint64_t id, std::span<const std::uint8_t> payload, MakeMessage make, Error* alloc_error) {
-        if (rank_ < 0) {
+        if (!peer_) {
             conn_->close(Error(Errc::protocol_error, "a reply arrived on a connection that sent no request"));
             return;
         }
-        PeerLink& peer = core_->peers[rank_];
+        PeerLink& peer = *peer_;
         PendingCall* pc = take_pending(peer, id);
         if (!pc) return;
         if (kind == FrameKind::error)
@@ -175,7 +175,7 @@ private:
 
     std::shared_ptr<AgentCore> core_;
     std::shared_ptr<Connection> conn_;
-    int rank_;
+    std::shared_ptr<PeerLink> peer_;  ///< the worker this connection calls; null for an inbound one
 };
 
 }  // namespace
@@ -186,14 +186,15 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     // matters (an unfinished frame; replies awaited with nothing sent since: awaiting_input), and
     // elsewhere by the send that follows (every request is answered; docs/protocol.md, "Receiving").
     conn->set_short_reads(true);
-    if (rank >= 0) {
-        peers[rank].conn = conn;
+    auto link = peers.link(rank);
+    if (link) {
+        link->conn = conn;
     } else {
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
         inbound.push_back(conn);
     }
     auto* c = conn.get();
-    c->dispatch_to(std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), rank));
+    c->dispatch_to(std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
 }
 
 Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
@@ -316,29 +317,22 @@ Duration timeout_duration(double secs) {
 
 int AgentCore::ready_rank(const std::string& to) {
     if (state != State::running && state != State::starting) return -1;
-    int rank = last_called;
-    if (rank < 0 || workers[rank].name != to) {  // (a caller usually calls one worker many times)
-        auto it = rank_of.find(to);
-        if (it == rank_of.end() || it->second == self.id) return -1;
-        rank = last_called = it->second;
+    const PeerLink* peer = peers.at(last_called);
+    if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
+        const int rank = peers.rank_of(to);
+        if (rank < 0 || rank == self.id) return -1;
+        last_called = rank;
+        peer = peers.at(rank);
     }
-    const PeerLink& peer = peers[rank];
-    return peer.conn && peer.conn->is_open() ? rank : -1;
+    return peer->conn && peer->conn->is_open() ? last_called : -1;
 }
 
 Result<int> AgentCore::check_call(const std::string& to) const {
     if (state == State::closed || state == State::draining)
         return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
-    auto it = rank_of.find(to);
-    if (it == rank_of.end()) {
-        std::string known;
-        for (auto& w : workers) {
-            if (!known.empty()) known += ", ";
-            known += w.name;
-        }
-        return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + known + ")");
-    }
-    return it->second;
+    const int rank = peers.rank_of(to);
+    if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers.names() + ")");
+    return rank;
 }
 
 Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush) {
@@ -408,7 +402,8 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const int rank = current == ex ? ready_rank(to) : -1;
     if (rank < 0) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
     auto keep = shared_from_this();
-    PeerLink& peer = peers[rank];
+    const auto link = peers.link(rank);  // (held while the call awaits: the member may leave meanwhile)
+    PeerLink& peer = *link;
     const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
@@ -463,12 +458,10 @@ Task<Result<T>> on_core(std::shared_ptr<AgentCore> core, Task<Result<T>> t) {
 const WorkerInfo& NativeAgent::get_worker_info() const { return core_->self; }
 
 Result<WorkerInfo> NativeAgent::get_worker_info(std::string_view name) const {
-    auto it = core_->rank_of.find(name);
-    if (it == core_->rank_of.end()) return fail(Errc::invalid_argument, "unknown worker \"" + std::string(name) + "\"");
-    return core_->workers[it->second];
+    return core_->peers.find(name);
 }
 
-std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->workers; }
+std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->peers.infos(); }
 
 const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
 
@@ -500,26 +493,27 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
     d.worker = self.name;
     d.rank = self.id;
     d.world_size = world_size;
-    for (std::size_t r = 0; r < peers.size() && r < metrics.peers.size(); ++r) {
-        if (static_cast<int>(r) == self.id) continue;
+    peers.for_each([&](const PeerLink& link) {
+        const auto r = static_cast<std::size_t>(link.info.id);
+        if (link.info.id == self.id || r >= metrics.peers.size()) return;
         const auto& c = metrics.peers[r];
         PeerDebugInfo p;
-        p.worker = peers[r].info.name;
-        p.rank = static_cast<int>(r);
-        p.connected = peers[r].conn && peers[r].conn->is_open();
+        p.worker = link.info.name;
+        p.rank = link.info.id;
+        p.connected = link.conn && link.conn->is_open();
         if (p.connected) {
-            p.transport = peers[r].conn->transport();
-            for (const auto& ch : peers[r].conn->negotiated().channels)
+            p.transport = link.conn->transport();
+            for (const auto& ch : link.conn->negotiated().channels)
                 p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
         }
-        p.calls_in_flight = peers[r].pending.size();
+        p.calls_in_flight = link.pending.size();
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
         p.requests_served = c.requests_served;
         p.bytes_sent = c.bytes_sent;
         p.bytes_received = c.bytes_received;
         d.peers.push_back(std::move(p));
-    }
+    });
     for (std::size_t i = 0; i < metrics.errors.size(); ++i)
         if (metrics.errors[i]) d.errors[std::string(to_string(static_cast<Errc>(i)))] = metrics.errors[i];
     d.requests_running = metrics.requests_running;
@@ -545,8 +539,8 @@ std::string NativeAgent::listen_address() const {
 std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
-    if (rank < 0 || rank >= static_cast<int>(core_->peers.size())) return nullptr;
-    return core_->peers[rank].conn;
+    const PeerLink* p = core_->peers.at(rank);
+    return p ? p->conn : nullptr;
 }
 
 }  // namespace tensorplay::detail

@@ -11,7 +11,9 @@ namespace tensorplay::detail {
 
 Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, Duration timeout) {
     auto keep = shared_from_this();
-    PeerLink& p = peers[rank];
+    const auto link = peers.link(rank);  // (held across the awaits below: the member may leave meanwhile)
+    if (!link) co_return fail(Errc::invalid_argument, "no worker of rank " + std::to_string(rank) + " in the group of worker \"" + self.name + "\"");
+    PeerLink& p = *link;
     for (;;) {
         if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
         if (p.conn && p.conn->is_open()) co_return p.conn;

@@ -115,7 +115,7 @@ Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream) {
 Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
     // Peers are admitted against the roster, which start() reads after listening; a peer that is
     // faster waits in the listen backlog until then (within its handshake timeout).
-    while (core->workers.empty() && core->state == AgentCore::State::starting) {
+    while (!core->roster_read && core->state == AgentCore::State::starting) {
         auto [ec] = co_await core->roster_known.async_wait(use_nothrow);
         (void)ec;  // cancel() is the signal
     }
@@ -191,12 +191,12 @@ HelloInfo AgentCore::hello() const {
 Result<void> AgentCore::admit(const HelloInfo& peer) const {
     // (Handlers are told the caller's name from its hello: it must be a member's, and with a key
     // it is proven. The message goes to the peer and to this worker's log.)
-    if (workers.size() != static_cast<std::size_t>(world_size))
-        return fail(Errc::unauthorized, "the group's roster is not known yet");
-    if (peer.rank < 0 || peer.rank >= world_size)
+    if (!roster_read) return fail(Errc::unauthorized, "the group's roster is not known yet");
+    const PeerLink* link = peers.at(peer.rank);
+    if (!link)
         return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " is not in the group of " +
-                                            std::to_string(world_size) + " workers (claimed by \"" + peer.name + "\")");
-    const std::string& member = workers[static_cast<std::size_t>(peer.rank)].name;
+                                            std::to_string(peers.size()) + " workers (claimed by \"" + peer.name + "\")");
+    const std::string& member = link->info.name;
     if (member != peer.name)
         return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " of the group is worker \"" + member +
                                             "\", not \"" + peer.name + "\"");
@@ -282,16 +282,16 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
                                                             last_missing + " had not arrived"));
             co_return w;
         }
-        std::vector<int> missing;
-        for (auto& wi : workers) {
+        std::vector<WorkerInfo> missing;
+        for (auto& wi : peers.infos()) {  // (a copy: the checks await)
             std::vector<std::string> key(1, base + "arrived/" + std::to_string(wi.id));
             auto c = co_await store->check(std::move(key));
-            if (c && !*c) missing.push_back(wi.id);
+            if (c && !*c) missing.push_back(wi);
         }
         std::string names;
-        for (int r : missing) {
+        for (const auto& wi : missing) {
             if (!names.empty()) names += ", ";
-            names += "\"" + workers[r].name + "\"";
+            names += "\"" + wi.name + "\"";
         }
         // The store may be gone at this point (its host gave up first): keep the last names found.
         if (!names.empty()) last_missing = names;
@@ -301,11 +301,11 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
             co_return fail(Errc::timeout, "barrier \"" + name + "\" timed out; worker(s) " + names + " did not arrive");
         }
         if (!watch_peers) continue;
-        for (int r : missing) {
-            if (r == self.id || state == State::closed) continue;
-            auto c = co_await ensure_connected(r, std::chrono::milliseconds(500));
+        for (const auto& wi : missing) {
+            if (wi.id == self.id || state == State::closed) continue;
+            auto c = co_await ensure_connected(wi.id, std::chrono::milliseconds(500));
             if (!c)
-                co_return fail(Errc::connection_lost, "barrier \"" + name + "\": worker \"" + workers[r].name +
+                co_return fail(Errc::connection_lost, "barrier \"" + name + "\": worker \"" + wi.name +
                                                           "\" is unreachable and did not arrive (" + c.error().message() + ")");
         }
     }
@@ -356,21 +356,17 @@ Task<Result<void>> AgentCore::start() {
         if (!rec) co_return fail(rec.error());
         records.push_back(std::move(*rec));
     }
-    peers.resize(world_size);
     metrics.peers.resize(static_cast<std::size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
         auto& rec = records[r];
         if (rec.rank != r)
             co_return fail(Errc::protocol_error, "the store's record for rank " + std::to_string(r) + " names rank " +
                                                      std::to_string(rec.rank));
-        if (auto [it, ins] = rank_of.emplace(rec.name, r); !ins)
-            co_return fail(Errc::invalid_argument, "RPC worker name " + rec.name + " is not unique. Workers " +
-                                                       std::to_string(it->second) + " and " + std::to_string(r) +
-                                                       " share the same name.");
-        workers.push_back(WorkerInfo{rec.name, r});
-        peers[r].info = workers.back();
-        peers[r].addresses = std::move(rec.addresses);
+        auto link = peers.add(WorkerInfo{rec.name, r});
+        if (!link) co_return fail(link.error());
+        (*link)->addresses = std::move(rec.addresses);
     }
+    roster_read = true;
     roster_known.cancel();
     // The seed's exchange: every worker's maps checked as a static group, my reverse maps built.
     DeviceMaps my_maps;
@@ -382,11 +378,11 @@ Task<Result<void>> AgentCore::start() {
                                                                  local_cuda_device_count(), my_maps, std::move(my_devices));
     if (!exchanged) co_return fail(exchanged.error());
     log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": device maps of every worker checked");
-    for (auto& p : peers) {
+    peers.for_each([&](PeerLink& p) {
         if (auto it = my_maps.find(p.info.name); it != my_maps.end()) p.map = it->second;
         if (auto it = exchanged->reverse_device_maps.find(p.info.name); it != exchanged->reverse_device_maps.end())
             p.reverse = it->second;
-    }
+    });
     state = State::running;
 
     for (int r = 0; r < world_size; ++r) {
@@ -419,8 +415,9 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             idle.reset();
             if (!ec && outstanding > 0) {
                 std::string to;
-                for (auto& p : peers)
+                peers.for_each([&to](const PeerLink& p) {
                     if (!p.pending.empty()) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
+                });
                 result = fail(Errc::timeout, std::to_string(outstanding) + " call(s) of worker \"" + self.name +
                                                  "\" were still outstanding when the shutdown timeout passed" +
                                                  (to.empty() ? std::string() : " (awaiting replies from " + to + ")"));
@@ -472,12 +469,12 @@ void AgentCore::close_local(const Error& reason) {
     closed.store(true, std::memory_order_release);
     for (auto& l : listeners) l->close();
     roster_known.cancel();
-    for (auto& p : peers) {
+    peers.for_each([&](PeerLink& p) {
         fail_pending(p, nullptr, reason);
         if (p.conn) p.conn->close(reason);
         p.conn.reset();
         if (p.connecting) p.connecting->cancel();
-    }
+    });
     for (auto& w : inbound)
         if (auto c = w.lock()) c->close(reason);
     inbound.clear();

@@ -28,8 +28,7 @@ Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Mes
 Result<void> route_reply_tensors(const AgentCore& core, const HelloInfo& caller, const std::vector<Tensor>& tensors,
                                  std::vector<Device>& targets) {
     const DeviceMap* reverse = nullptr;
-    if (caller.rank >= 0 && caller.rank < static_cast<int>(core.peers.size()) && core.workers[caller.rank].name == caller.name)
-        reverse = &core.peers[caller.rank].reverse;
+    if (const PeerLink* p = core.peers.at(caller.rank); p && p->info.name == caller.name) reverse = &p->reverse;
     const auto i = map_tensor_targets(reverse, tensors, targets);
     if (i < 0) return ok();
     const Tensor& t = tensors[static_cast<std::size_t>(i)];
