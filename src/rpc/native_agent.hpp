@@ -12,6 +12,7 @@
 #include "rpc/agent_metrics.hpp"
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
+#include "core/deadline_queue.hpp"
 #include "core/task_group.hpp"
 #include "transport/transport.hpp"
 
@@ -46,24 +47,17 @@ struct NativeAgentTuning {
     Duration init_timeout{0};
 };
 
-/// A call waiting for its reply; lives on the caller's coroutine frame. Signalled once, by the
-/// reply, a lost connection or the deadline sweep (no timer per call: arming one costs a
-/// timerfd_settime system call on every call). The signal resumes the caller in place: a reply
+/// A call waiting for its reply; lives outside the caller's coroutine frame (CallHandle). Signalled
+/// once, by the reply, a lost connection or its deadline (AgentCore::deadlines: no timer per call,
+/// arming one costs a timerfd_settime system call). The signal resumes the caller in place: a reply
 /// read by the connection's reader runs the caller's continuation at once, with no trip through
 /// the event loop's queue (each such trip costs an epoll_wait system call).
-struct PendingCall {
+struct PendingCall : DeadlineHook {
     explicit PendingCall(SlotRegistry* slots) : done(slots) {}
     ResumeSlot done;
     bool signalled = false;
     std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
     const Connection* conn = nullptr;       ///< the connection the request went out on
-    /// Where its deadline is kept (AgentCore::deadlines): nowhere, in the queue or in the map.
-    enum class Deadline : std::uint8_t { none, queued, mapped } kept = Deadline::none;
-    Clock::time_point due;
-    PendingCall* prev_due = nullptr;  // neighbours in the deadline queue
-    PendingCall* next_due = nullptr;
-    std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
-                  RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>::iterator mapped_at;
 
     void signal() {
         signalled = true;
@@ -187,24 +181,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
     std::uint64_t next_id = 1;
     std::size_t outstanding = 0;                  // calls of this worker awaiting replies
-    /// Deadlines of pending calls; one timer fires at the earliest (re-armed only when a new
-    /// deadline is earlier, which with one common timeout is almost never). A deadline no earlier
-    /// than the last queued one joins the queue (linked through the calls: with one common timeout,
-    /// every call's); an earlier one goes into the map.
-    struct Deadlines {
-        PendingCall* first = nullptr;  // the queue, earliest first
-        PendingCall* last = nullptr;
-        std::multimap<Clock::time_point, PendingCall*, std::less<Clock::time_point>,
-                      RecyclingAllocator<std::pair<const Clock::time_point, PendingCall*>>>
-            map;
-        void add(PendingCall& pc, Clock::time_point at);
-        void remove(PendingCall& pc);
-        /// The call with the earliest deadline (null when none).
-        [[nodiscard]] PendingCall* earliest() const;
-    } deadlines;
-    asio::steady_timer sweep_timer;
-    Clock::time_point sweep_at = Clock::time_point::max();
-    bool sweeping = false;
+    /// Deadlines of pending calls: one timer, at the earliest (re-armed only when a new deadline is
+    /// earlier, which with one common timeout is almost never); a call past it is signalled
+    /// without a result (its caller reports the timeout).
+    DeadlineKeeper deadlines;
     std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
     AgentMetrics metrics;                         // get_debug_info's counters
     int shutdown_round = 0;
@@ -270,10 +250,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Adds a handler (exactly one of `coro` / `blocking` set). Thread-safe.
     [[nodiscard]] Result<void> add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking);
     void call_finished();
-    void add_deadline(PendingCall& pc, Clock::time_point at);
-    void remove_deadline(PendingCall& pc);
-    /// Signals every pending call whose deadline has passed and re-arms the sweep timer.
-    void expire_due();
     [[nodiscard]] asio::thread_pool& worker_pool();
 };
 

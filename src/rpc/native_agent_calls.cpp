@@ -77,7 +77,7 @@ public:
         // A reply or a lost connection already unlinked it (and set the result); only a timeout,
         // a cancellation or the frame's destruction leaves it in the map.
         if (linked_ && !pc_->result) peer_->pending.erase(id_);
-        core_->remove_deadline(*pc_);
+        core_->deadlines.remove(*pc_);
         recycled_delete(pc_);
     }
     PendingCall& operator*() const noexcept { return *pc_; }
@@ -232,72 +232,6 @@ void AgentCore::call_finished() {
     if (--outstanding == 0 && idle) idle->cancel();
 }
 
-namespace {
-Task<void> sweep_loop(std::shared_ptr<AgentCore> core) {
-    while (core->state != AgentCore::State::closed) {
-        auto [ec] = co_await core->sweep_timer.async_wait(use_nothrow);
-        if (core->state == AgentCore::State::closed) break;
-        if (ec) continue;  // re-armed for an earlier deadline
-        core->expire_due();
-    }
-    core->sweeping = false;
-}
-}  // namespace
-
-void AgentCore::Deadlines::add(PendingCall& pc, Clock::time_point at) {
-    pc.due = at;
-    if (!last || last->due <= at) {
-        pc.kept = PendingCall::Deadline::queued;
-        pc.prev_due = last;
-        pc.next_due = nullptr;
-        (last ? last->next_due : first) = &pc;
-        last = &pc;
-    } else {
-        pc.kept = PendingCall::Deadline::mapped;
-        pc.mapped_at = map.emplace(at, &pc);
-    }
-}
-
-void AgentCore::Deadlines::remove(PendingCall& pc) {
-    if (pc.kept == PendingCall::Deadline::queued) {
-        (pc.prev_due ? pc.prev_due->next_due : first) = pc.next_due;
-        (pc.next_due ? pc.next_due->prev_due : last) = pc.prev_due;
-        pc.prev_due = pc.next_due = nullptr;
-    } else if (pc.kept == PendingCall::Deadline::mapped) {
-        map.erase(pc.mapped_at);
-    }
-    pc.kept = PendingCall::Deadline::none;
-}
-
-PendingCall* AgentCore::Deadlines::earliest() const {
-    PendingCall* m = map.empty() ? nullptr : map.begin()->second;
-    if (!first) return m;
-    return m && m->due < first->due ? m : first;
-}
-
-void AgentCore::add_deadline(PendingCall& pc, Clock::time_point at) {
-    if (at == Clock::time_point::max()) return;
-    deadlines.add(pc, at);
-    if (at < sweep_at) {
-        sweep_at = at;
-        sweep_timer.expires_at(at);
-    }
-    if (!sweeping) sweeping = tasks.spawn(sweep_loop(shared_from_this()), "the deadline sweep");
-}
-
-void AgentCore::remove_deadline(PendingCall& pc) { deadlines.remove(pc); }
-
-void AgentCore::expire_due() {
-    const auto now = Clock::now();
-    PendingCall* pc = deadlines.earliest();
-    for (; pc && pc->due <= now; pc = deadlines.earliest()) {
-        deadlines.remove(*pc);
-        pc->signal();  // no result: the caller reports the timeout (it runs now, in place)
-    }
-    sweep_at = pc ? pc->due : Clock::time_point::max();
-    sweep_timer.expires_at(sweep_at);
-}
-
 asio::thread_pool& AgentCore::worker_pool() {
     std::lock_guard lock(pool_mutex);
     if (!pool) {
@@ -421,7 +355,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     metrics.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
     pc->conn = peer.conn.get();
     pc.link();
-    add_deadline(*pc, deadline);
+    deadlines.add(*pc, deadline);
     ++outstanding;
     std::error_code ec;
     if (!pc->signalled) {

@@ -160,7 +160,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
       roster_known(ex, asio::steady_timer::time_point::max()),
-      sweep_timer(ex) {
+      deadlines(ex, tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {
     slots = &SlotRegistry::of(ex);
     if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
@@ -479,7 +479,7 @@ void AgentCore::close_local(const Error& reason) {
         if (auto c = w.lock()) c->close(reason);
     inbound.clear();
     if (idle) idle->cancel();
-    sweep_timer.cancel();
+    deadlines.close();
     release_workers();
     tasks.close();
     tasks.cancel();
