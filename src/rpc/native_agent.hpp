@@ -10,6 +10,7 @@
 
 #include "core/asio_compat.hpp"
 #include "rpc/agent_metrics.hpp"
+#include "rpc/handler_registry.hpp"
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
 #include "core/deadline_queue.hpp"
@@ -73,7 +74,6 @@ struct PendingCall : DeadlineHook {
 /// and resumes it in place; co_spawn per request would post a completion through the event loop.
 /// A parked worker holds no reference to the agent; whoever wakes it hands it one.
 struct AgentCore;
-struct HandlerEntry;
 
 /// A request as a serving worker takes it: the handler is looked up (and counted as running) by
 /// the reader, so that unregister waits for it.
@@ -114,14 +114,6 @@ struct PeerLink {
     std::optional<Error> last_connect_error;
     DeviceMap map;      ///< my device -> its device (device_maps[to])
     DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
-};
-
-struct HandlerEntry {
-    std::string name;
-    RpcHandler coro;
-    BlockingRpcHandler blocking;
-    int running = 0;
-    std::shared_ptr<asio::steady_timer> drained;  ///< set by unregister; cancelled when running hits 0
 };
 
 /// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
@@ -170,9 +162,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::size_t inbound_open = 0;  ///< inbound sockets accepted and not yet closed (tuning.max_inbound_connections)
     bool inbound_full_logged = false;
 
-    std::mutex handlers_mutex;
-    std::map<std::string, std::shared_ptr<HandlerEntry>, std::less<>> handlers;  // (found by string_view)
-    std::shared_ptr<HandlerEntry> last_handler;  // the one find_handler found last (strand-bound; unregister drops it)
+    HandlerRegistry handlers;
     std::mutex pool_mutex;
     std::unique_ptr<asio::thread_pool> pool;
 
@@ -225,14 +215,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
     [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
-    /// Looks up handler `name` and raises its running count (null when there is none). Pair a
-    /// found entry with finish_handler.
-    [[nodiscard]] std::shared_ptr<HandlerEntry> find_handler(std::string_view name);
-    /// The not_found error of a call to handler `name`.
-    [[nodiscard]] Error no_handler(std::string_view name) const;
     /// Starts a found handler: the user's coroutine, or the blocking handler on the pool.
     [[nodiscard]] Task<Result<Message>> start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message);
-    /// Lowers the running count and turns a handler's failure (in `r`) into remote_error.
+    /// Ends a call of `entry` (entered with handlers.enter) and turns a handler's failure (in `r`)
+    /// into remote_error.
     void finish_handler(HandlerEntry& entry, Result<Message>& r);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
@@ -246,9 +232,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
     void fail_pending(PeerLink& peer, const Connection* conn, const Error& reason);
-    [[nodiscard]] Task<Result<void>> unregister(std::string name);
-    /// Adds a handler (exactly one of `coro` / `blocking` set). Thread-safe.
-    [[nodiscard]] Result<void> add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking);
     void call_finished();
     [[nodiscard]] asio::thread_pool& worker_pool();
 };

@@ -400,15 +400,15 @@ std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->pe
 const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
 
 Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
-    return core_->add_handler(std::move(name), std::move(handler), {});
+    return core_->handlers.add(std::move(name), std::move(handler), {});
 }
 
 Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
-    return core_->add_handler(std::move(name), {}, std::move(handler));
+    return core_->handlers.add(std::move(name), {}, std::move(handler));
 }
 
 Task<Result<void>> NativeAgent::unregister_handler(std::string name) {
-    return on_core(core_, core_->unregister(std::move(name)));
+    return on_core(core_, core_->handlers.remove(std::move(name)));
 }
 
 Task<Result<Message>> NativeAgent::rpc_async(std::string to, std::string handler, Message message, double timeout_sec) {

@@ -160,6 +160,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
       roster_known(ex, asio::steady_timer::time_point::max()),
+      handlers(self.name),
       deadlines(ex, tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {
     slots = &SlotRegistry::of(ex);
     if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
@@ -319,7 +320,7 @@ Task<Result<void>> AgentCore::start() {
     if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
     // Startup handlers go in before anyone can reach this worker.
     for (auto& h : startup_handlers())
-        if (auto r = add_handler(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
+        if (auto r = handlers.add(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
     if (auto k = group_auth_key(tp_options); !k) co_return fail(k.error());
     else auth_key = std::move(*k);
     if (auto l = listen(); !l) co_return l;

@@ -82,7 +82,7 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
         if (req.error) {
             r = fail(std::move(*req.error));
         } else if (!req.entry) {
-            r = fail(w.core->no_handler(req.unknown));
+            r = fail(w.core->handlers.not_found(req.unknown));
         } else {
             try {
                 WorkerInfo caller{w.conn->peer().name, w.conn->peer().rank};
@@ -117,7 +117,7 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
             req.error = std::move(*error);
             return;
         }
-        req.entry = find_handler(name);
+        req.entry = handlers.enter(name);
         if (!req.entry) req.unknown = name;
         req.message = std::move(message);
     };
@@ -162,36 +162,19 @@ ServeWorker::~ServeWorker() {
     if (auto it = std::find(idle.begin(), idle.end(), this); it != idle.end()) idle.erase(it);
 }
 
-std::shared_ptr<HandlerEntry> AgentCore::find_handler(std::string_view name) {
-    std::shared_ptr<HandlerEntry> entry;
-    if (last_handler && last_handler->name == name) {  // (requests for one handler come in runs)
-        entry = last_handler;
-    } else {
-        std::lock_guard lock(handlers_mutex);
-        if (auto it = handlers.find(name); it != handlers.end()) entry = last_handler = it->second;
-    }
-    if (entry) ++entry->running;
-    return entry;
-}
-
-Error AgentCore::no_handler(std::string_view name) const {
-    return Error(Errc::not_found, "no handler named \"" + std::string(name) + "\" is registered on worker \"" + self.name + "\"",
-                 self.name);
-}
-
 Task<Result<Message>> AgentCore::start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message) {
     if (entry.coro) return entry.coro(std::move(caller), std::move(message));
     return asio::co_spawn(worker_pool(), run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
 }
 
 void AgentCore::finish_handler(HandlerEntry& entry, Result<Message>& r) {
-    if (--entry.running == 0 && entry.drained) entry.drained->cancel();
+    handlers.leave(entry);
     if (!r) r = fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), self.name));
 }
 
 Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
-    auto h = find_handler(name);
-    if (!h) co_return fail(no_handler(name));
+    auto h = handlers.enter(name);
+    if (!h) co_return fail(handlers.not_found(name));
     Result<Message> r;
     try {
         auto t = start_handler(*h, std::move(caller), std::move(message));
@@ -201,39 +184,6 @@ Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name
     }
     finish_handler(*h, r);
     co_return r;
-}
-
-Result<void> AgentCore::add_handler(std::string name, RpcHandler coro, BlockingRpcHandler blocking) {
-    if (!coro && !blocking) return fail(Errc::invalid_argument, "handler \"" + name + "\" is empty");
-    auto entry = std::make_shared<HandlerEntry>();
-    entry->name = name;
-    entry->coro = std::move(coro);
-    entry->blocking = std::move(blocking);
-    std::lock_guard lock(handlers_mutex);
-    auto [it, inserted] = handlers.try_emplace(name, std::move(entry));
-    if (!inserted)
-        return fail(Errc::already_registered,
-                    "a handler named \"" + name + "\" is already registered on worker \"" + self.name + "\"");
-    return ok();
-}
-
-Task<Result<void>> AgentCore::unregister(std::string name) {
-    std::shared_ptr<HandlerEntry> h;
-    {
-        std::lock_guard lock(handlers_mutex);
-        auto it = handlers.find(name);
-        if (it == handlers.end())
-            co_return fail(Errc::not_found, "no handler named \"" + name + "\" is registered on worker \"" + self.name + "\"");
-        h = std::move(it->second);
-        handlers.erase(it);
-    }
-    if (last_handler == h) last_handler.reset();
-    while (h->running > 0) {
-        h->drained = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
-        auto t = h->drained;
-        co_await t->async_wait(use_nothrow);
-    }
-    co_return ok();
 }
 
 }  // namespace tensorplay::detail

@@ -558,3 +558,33 @@ TEST_CASE("in-process echo latency, calls per second and tensor bandwidth", "[.p
         co_await test::shutdown_all(g);
     });
 }
+
+TEST_CASE("unregistering a handler with a call in flight refuses new calls at once and returns when that call has finished",
+          "[rpc][agent]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto g = co_await test::make_group(2);
+        test::Signal entered(ex, 1), release(ex, 1);
+        REQUIRE(g[1]->register_handler("held", test::held_handler(entered, release)));
+        std::optional<Result<Message>> first;
+        asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("in flight")),
+                       [&first](std::exception_ptr, Result<Message> r) { first = std::move(r); });
+        co_await entered.async_receive(asio::use_awaitable);
+        std::optional<Result<void>> unregistered;
+        asio::co_spawn(ex, g[1]->unregister_handler("held"),
+                       [&unregistered](std::exception_ptr, Result<void> r) { unregistered = std::move(r); });
+        co_await test::sleep_for(20ms);
+        CHECK_FALSE(unregistered);  // its call still runs
+        auto refused = co_await g[0]->rpc_async("worker1", "held", test::text_message("late"));
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code() == Errc::not_found);
+        release.try_send(std::error_code{}, 0);
+        for (int i = 0; i < 200 && !(unregistered && first); ++i) co_await test::sleep_for(5ms);
+        REQUIRE(unregistered);
+        CHECK(*unregistered);
+        REQUIRE(first);
+        REQUIRE(*first);
+        CHECK((*first)->payload == bytes("in flight"));
+        co_await test::shutdown_all(g);
+    });
+}
