@@ -94,10 +94,13 @@ tp::Task<int> run(Args args) {
         asio::steady_timer t(ex, std::chrono::milliseconds(5));
         co_await t.async_wait(asio::use_awaitable);
     }
-    if (rank == args.stop_rank) {
-        // The last reply leaves after its handler has counted itself: let it go out first.
+    if (rank == args.stop_rank || args.shutdown == "never") {
+        // The last reply leaves after its handler has counted itself: let it go out first (a
+        // worker that stops or exits at once may leave its peer's call unanswered).
         asio::steady_timer t(ex, std::chrono::milliseconds(300));
         co_await t.async_wait(asio::use_awaitable);
+    }
+    if (rank == args.stop_rank) {
         std::fprintf(stderr, "%s: stopping myself\n", name.c_str());
         ::kill(::getpid(), SIGSTOP);
         co_return 0;  // killed by the test while stopped
@@ -145,7 +148,10 @@ int main(int argc, char** argv) {
     asio::io_context ctx;
     g_ctx = &ctx;
     int code = 1;
-    asio::co_spawn(ctx, run(args), [&](std::exception_ptr e, int c) { code = e ? 10 : c; });
+    asio::co_spawn(ctx, run(args), [&](std::exception_ptr e, int c) {
+        code = e ? 10 : c;
+        if (code != 0) ctx.stop();  // (failed with its agent running: exit with the code, not hang)
+    });
     ctx.run();  // returns only when the library has left no work behind
     std::fprintf(stderr, "event loop finished, exit %d\n", code);
     return code;  // static destructors run after this: they must not touch the gone event loop
