@@ -319,13 +319,17 @@ Task<Result<std::string>> decide(Store& store, int world_size, int& largest) {
 Task<Result<void>> join(Store& store, int rank, int world_size, Duration timeout, bool wait_for_world, int& largest) {
     const auto started = Clock::now();
     const auto deadline = timeout > Duration::zero() ? started + timeout : Clock::time_point::max();
+    // Counted in before publishing: once rank 0 sees every world size of its world, their counts
+    // are in `joined` too (each rank's add is answered before its set is sent), so the count it
+    // reads then exceeds its world by the extra ranks that joined (counted the other way round, it
+    // could read the count before the last rank's add and take an extra rank's count for it).
+    std::string joined_key = kJoin + "joined";
+    if (auto r = co_await store.add(std::move(joined_key), 1); !r)
+        co_return fail(std::move(r).error().context("counting this rank in"));
     std::string mine = ws_key(rank);
     Bytes size = bytes(std::to_string(world_size));
     if (auto r = co_await store.set(std::move(mine), std::move(size)); !r)
         co_return fail(std::move(r).error().context("publishing this rank's world size"));
-    std::string joined_key = kJoin + "joined";
-    if (auto r = co_await store.add(std::move(joined_key), 1); !r)
-        co_return fail(std::move(r).error().context("counting this rank in"));
     const std::string verdict_key = kJoin + "verdict";
     if (rank == 0 && !wait_for_world) {
         std::string key = verdict_key;

@@ -423,3 +423,64 @@ TEST_CASE("join_world refuses a rank outside the world", "[store]") {
         REQUIRE(r.error().code() == Errc::invalid_argument);
     });
 }
+
+namespace {
+/// One rank's view of a shared store whose add() reaches the store only after `delay` (a slow
+/// link for that one request): what lets another rank read the count before it.
+class LateAddStore final : public Store {
+public:
+    LateAddStore(std::shared_ptr<Store> inner, Duration delay) : inner_(std::move(inner)), delay_(delay) {
+        set_timeout(inner_->timeout());
+    }
+    Task<Result<void>> set(std::string k, Bytes v) override { return inner_->set(std::move(k), std::move(v)); }
+    Task<Result<Bytes>> get(std::string k) override { return inner_->get(std::move(k)); }
+    Task<Result<std::int64_t>> add(std::string k, std::int64_t d) override {
+        asio::steady_timer t(co_await asio::this_coro::executor, delay_);
+        co_await t.async_wait(detail::use_nothrow);
+        co_return co_await inner_->add(std::move(k), d);
+    }
+    Task<Result<Bytes>> compare_set(std::string k, Bytes e, Bytes d) override {
+        return inner_->compare_set(std::move(k), std::move(e), std::move(d));
+    }
+    Task<Result<void>> wait(std::vector<std::string> k, Duration t) override { return inner_->wait(std::move(k), t); }
+    Task<Result<bool>> check(std::vector<std::string> k) override { return inner_->check(std::move(k)); }
+    Task<Result<bool>> delete_key(std::string k) override { return inner_->delete_key(std::move(k)); }
+    Task<Result<std::int64_t>> num_keys() override { return inner_->num_keys(); }
+    Task<Result<void>> append(std::string k, Bytes v) override { return inner_->append(std::move(k), std::move(v)); }
+    Task<Result<std::vector<Bytes>>> multi_get(std::vector<std::string> k) override { return inner_->multi_get(std::move(k)); }
+    Task<Result<void>> multi_set(std::vector<std::string> k, std::vector<Bytes> v) override {
+        return inner_->multi_set(std::move(k), std::move(v));
+    }
+
+private:
+    std::shared_ptr<Store> inner_;
+    Duration delay_;
+};
+}  // namespace
+
+TEST_CASE("an extra rank is seen even when the last rank of rank 0's world is counted in late", "[store]") {
+    // Rank 2 (told 3) joined first; ranks 0 and 1 are told 2, and rank 1's count reaches the store
+    // 300 ms late. Rank 0 must not read the count before it and take rank 2's count for rank 1's.
+    run_with_deadline(10s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto shared = std::make_shared<HashStore>(5s);
+        auto late = std::make_shared<LateAddStore>(shared, 300ms);
+        Spawned<void> r2(ex, join_world(*shared, 2, 3, 5s));
+        for (int i = 0; i < 100; ++i) {
+            std::vector<std::string> k(1, "tp/rdzv/ws/2");
+            auto c = co_await shared->check(std::move(k));
+            if (c && *c) break;
+            asio::steady_timer t(ex, 5ms);
+            co_await t.async_wait(detail::use_nothrow);
+        }
+        Spawned<void> r0(ex, join_world(*shared, 0, 2, 5s));
+        Spawned<void> r1(ex, join_world(*late, 1, 2, 5s));
+        for (auto* r : {&r0, &r1, &r2}) {
+            auto got = co_await r->join();
+            REQUIRE_FALSE(got);
+            INFO(got.error().to_string());
+            REQUIRE(got.error().code() == Errc::invalid_argument);
+            REQUIRE(has(got.error().message(), "world sizes disagree: ranks 0, 1 were told 2; rank 2 was told 3"));
+        }
+    });
+}
