@@ -14,7 +14,9 @@ namespace tensorplay::detail {
 /// its readers, accept loops and timers into its group; its close() calls cancel(), then awaits
 /// join(), after which none of its coroutines runs any more.
 ///
-/// Destroying the group cancels what still runs; the tasks then end on their executor. Destroying
+/// Destroying the group cancels what still runs; the tasks then end on their executor. An owner
+/// declares its group after everything the tasks wait on (destroyed first, it cancels them while
+/// their timers and sockets still exist: a signal reaches the operation through them). Destroying
 /// the executor's event loop destroys the unfinished tasks' frames with it (their completion,
 /// and so the group's bookkeeping of them, then never runs; nothing leaks).
 class TaskGroup {

@@ -126,8 +126,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     ~AgentCore();
 
     Executor ex;
-    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers.
-    TaskGroup tasks;
     std::shared_ptr<Store> store;
     std::shared_ptr<RpcBackendOptions> options;
     const TensorPipeRpcBackendOptions* tp_options = nullptr;
@@ -178,6 +176,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
     AgentMetrics metrics;                         // get_debug_info's counters
     int shutdown_round = 0;
+    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Last: it
+    /// is destroyed first, so that the tasks it cancels then still find what they wait on (when
+    /// the event loop is destroyed with the agent, its tasks' frames go in any order, and the last
+    /// reference to the agent may go with any of them).
+    TaskGroup tasks;
 
     // ---- native_agent_init.cpp ----
     [[nodiscard]] Task<Result<void>> start();

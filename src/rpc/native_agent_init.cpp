@@ -153,7 +153,6 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
 
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
-      tasks(ex),
       store(std::move(args.store)),
       options(std::move(args.options)),
       tuning(std::move(t)),
@@ -161,7 +160,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       world_size(args.world_size),
       roster_known(ex, asio::steady_timer::time_point::max()),
       handlers(self.name),
-      deadlines(ex, tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {
+      deadlines(ex, tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }),  // (tasks: bound, used later)
+      tasks(ex) {
     slots = &SlotRegistry::of(ex);
     if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
