@@ -5,8 +5,8 @@
 //   --transport: what both workers are restricted to (`_transports`); the baseline's plain sockets
 //   are TCP loopback for uv and Unix stream sockets (abstract namespace) for uds and shm; for shm
 //   baseline.shm_spin_p50_us is a plain spinning shared-memory ping-pong (same_host_baselines.hpp).
-// idle_cpu_pct_10s: the caller's process CPU time over 10 s (2 s with --quick) of idling with its
-// connection established, as a percentage of one core.
+// idle_cpu_pct_10s: the caller's process CPU time over 10 s (2 s with --quick; --idle S after
+// --quick sets it, 0 skips it) of idling with its connection established, as a percentage of one core.
 //   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
 // Latency alternates --blocks N (default 20) pairs of RPC and plain blocks of round trips in one
@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
         else if (a == "--iters") cfg.iters = std::stoi(next());
         else if (a == "--calls") cfg.calls = std::stol(next());
         else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
+        else if (a == "--idle") cfg.idle_s = std::stoi(next());
         else if (a == "--quick") {
             cfg.iters = 2000;
             cfg.calls = 10000;
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
             cfg.idle_s = 2;
         } else {
             std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds|shm] [--pin same|cross|none] [--iters N] [--calls N] "
-                                 "[--blocks N] [--quick]\n");
+                                 "[--blocks N] [--quick] [--idle S]\n");
             return 2;
         }
     }

@@ -200,6 +200,13 @@ Task<Result<Frame>> ConnectionState::read_frame(std::shared_ptr<ConnectionState>
     co_return co_await read_general();
 }
 
+namespace {
+/// shm_read yields its core every this many turns at most (when no yield gave the core away).
+constexpr unsigned kShmYieldEvery = 8;
+/// A sched_yield that took this long ran another task on this core: likely the peer.
+constexpr auto kYieldRanOther = std::chrono::microseconds(2);
+}  // namespace
+
 Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size_t n) {
     const std::span<std::uint8_t> into(dst, n);
     auto k = shm->read_some(into);
@@ -217,8 +224,16 @@ Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size
     for (unsigned turn = 1;; ++turn) {
         k = shm->read_some(into);
         if (!k || *k > 0) break;
-        if (shm_spin.count() > 0 && Clock::now() < until) {
-            if ((turn & 7) == 0) ::sched_yield();  // (a peer sharing this core runs now)
+        const auto now = Clock::now();
+        if (shm_spin.count() > 0 && now < until) {
+            // Give the core to a peer that shares it: at every turn while yielding runs another
+            // task (the peer, most likely), else now and then (a peer on another core answers
+            // without it, and the call costs a system call). The event loop runs its other work
+            // between turns.
+            if (shm_yield_every <= 1 || turn % shm_yield_every == 0) {
+                ::sched_yield();
+                shm_yield_every = Clock::now() - now > kYieldRanOther ? 1 : kShmYieldEvery;
+            }
             co_await asio::post(ex, use_nothrow);
             continue;
         }

@@ -80,6 +80,8 @@ struct ConnectionState {
     /// shm: how long a read that finds nothing keeps looking, letting the event loop run between
     /// looks, before it sleeps on the doorbell (TP_SHM_SPIN_US).
     std::chrono::microseconds shm_spin{0};
+    /// shm: shm_read yields its core every this many turns (1 while yielding runs another task).
+    unsigned shm_yield_every = 1;
     ConnectionLimits limits;
     bool tcp = true;
     std::string transport = "uv";  ///< the transport this stream is of
