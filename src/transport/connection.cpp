@@ -89,6 +89,16 @@ void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
 }
 }  // namespace
 
+bool ConnectionState::shm_write_iov(iovec* v, std::size_t count, std::size_t& written) {
+    auto w = v ? shm->write_some(std::span<const iovec>(v, count)) : shm_write_now(*shm, bufs, iov);
+    if (!w) {
+        close(std::move(w).error().context("writing to " + who()).on_worker(peer.name));
+        return false;
+    }
+    written = *w;
+    return true;
+}
+
 Task<Result<void>> ConnectionState::shm_write(std::vector<asio::const_buffer>& b) {
     for (;;) {
         auto n = shm_write_now(*shm, b, iov);
@@ -118,13 +128,8 @@ void ConnectionState::flush_now() {
     std::error_code ec;
     const std::size_t total = asio::buffer_size(bufs);
     std::size_t n = 0;
-    if (shm) {
-        auto w = shm_write_now(*shm, bufs, iov);
-        if (!w) {
-            close(std::move(w).error().context("writing to " + who()).on_worker(peer.name));
-            return;
-        }
-        n = *w;
+    if (shm) [[unlikely]] {
+        if (!shm_write_iov(nullptr, 0, n)) return;
     } else {
         n = try_write_now(socket, bufs, iov, ec);
     }
@@ -159,13 +164,8 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
     for (auto& t : tensors) add(t.data(), t.nbytes());
     std::error_code ec;
     std::size_t written = 0;
-    if (shm) {
-        auto w = shm->write_some(std::span<const iovec>(v, cnt));
-        if (!w) {
-            close(std::move(w).error().context("writing to " + who()).on_worker(peer.name));
-            return fail(closed_error());
-        }
-        written = *w;
+    if (shm) [[unlikely]] {
+        if (!shm_write_iov(v, cnt, written)) return fail(closed_error());
     } else {
         written = sendmsg_now(socket.native_handle(), v, cnt, ec);
     }

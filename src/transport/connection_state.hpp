@@ -175,6 +175,9 @@ struct ConnectionState {
     Task<Result<std::size_t>> shm_read(std::uint8_t* dst, std::size_t n);
     /// shm: the error of a failed read, as read_error's (the connection is closed by it).
     Error shm_read_error(Error e);
+    /// shm: one write of `v` (null: of `bufs`) into the peer's ring; false when it failed (the
+    /// connection is then closed). Out of line: the socket paths stay as they were.
+    [[gnu::noinline]] bool shm_write_iov(iovec* v, std::size_t count, std::size_t& written);
     /// shm: writes every byte of `b` (consuming it), waiting for room in the peer's ring.
     Task<Result<void>> shm_write(std::vector<asio::const_buffer>& b);
     /// shm: read_frame over the rings (read_frame's loop; the general path is shared).
