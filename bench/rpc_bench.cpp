@@ -1,9 +1,12 @@
 // rpc_bench: latency, calls/s and tensor bandwidth of the native agent between two local worker
 // processes, beside the same measures over plain sockets; prints one JSON object.
 //
-// Usage: rpc_bench [--transport uv|uds] [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
+// Usage: rpc_bench [--transport uv|uds|shm] [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
 //   --transport: what both workers are restricted to (`_transports`); the baseline's plain sockets
-//   are TCP loopback for uv and Unix stream sockets (abstract namespace) for uds (and shm later).
+//   are TCP loopback for uv and Unix stream sockets (abstract namespace) for uds and shm; for shm
+//   baseline.shm_spin_p50_us is a plain spinning shared-memory ping-pong (same_host_baselines.hpp).
+// idle_cpu_pct_10s: the caller's process CPU time over 10 s (2 s with --quick; --idle S after
+// --quick sets it, 0 skips it) of idling with its connection established, as a percentage of one core.
 //   same (default): both workers on CPU 0; cross: caller CPU 0, callee CPU 1; none: unpinned.
 // gbps_* count the bytes of both directions of an echo (request + reply) over its round trip.
 // Latency alternates --blocks N (default 20) pairs of RPC and plain blocks of round trips in one
@@ -16,6 +19,7 @@
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
 #include "rpc_half.hpp"
+#include "same_host_baselines.hpp"
 
 #include <cstdio>
 #include <cstring>
@@ -32,6 +36,7 @@ struct Config {
     int reps_1mib = 100;
     int reps_64mib = 6;
     int latency_blocks = 20;
+    int idle_s = 10;
 };
 
 int caller_cpu(const Config& c) { return c.pin == "none" ? -1 : 0; }
@@ -94,14 +99,16 @@ int main(int argc, char** argv) {
         else if (a == "--iters") cfg.iters = std::stoi(next());
         else if (a == "--calls") cfg.calls = std::stol(next());
         else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
+        else if (a == "--idle") cfg.idle_s = std::stoi(next());
         else if (a == "--quick") {
             cfg.iters = 2000;
             cfg.calls = 10000;
             cfg.reps_1mib = 10;
             cfg.reps_64mib = 2;
+            cfg.idle_s = 2;
         } else {
-            std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds] [--pin same|cross|none] [--iters N] [--calls N] "
-                                 "[--blocks N] [--quick]\n");
+            std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds|shm] [--pin same|cross|none] [--iters N] [--calls N] "
+                                 "[--blocks N] [--quick] [--idle S]\n");
             return 2;
         }
     }
@@ -110,15 +117,18 @@ int main(int argc, char** argv) {
         return 2;
     }
 
-    if (cfg.transport != "uv" && cfg.transport != "uds") {
-        std::fprintf(stderr, "rpc_bench: --transport must be uv or uds (shm is not built yet)\n");
+    if (cfg.transport != "uv" && cfg.transport != "uds" && cfg.transport != "shm") {
+        std::fprintf(stderr, "rpc_bench: --transport must be uv, uds or shm\n");
         return 2;
     }
     bench::plain::use_unix() = cfg.transport != "uv";
     bench::rpc_detail::transport_choice() = cfg.transport;
 
     auto base = run_baseline(cfg);
-    bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks};
+    // (-1: not measured; for shm, a plain spinning ring between two processes pinned as ours)
+    const double shm_spin_p50 = cfg.transport == "shm" ? bench::same_host::shm_spin_p50_us(caller_cpu(cfg), callee_cpu(cfg)) : -1.0;
+    bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks,
+                        cfg.idle_s};
     auto ours = bench::run_rpc(rc);
     // Latency's and calls per second's plain figures come from the RPC run, whose caller
     // interleaves them with its own.
@@ -127,8 +137,10 @@ int main(int argc, char** argv) {
 
     std::printf("{");
     print_object(ours, "  ");
+    std::printf(",\n  \"idle_cpu_pct_10s\": %.6g", ours.count("idle_cpu_pct_10s") ? ours["idle_cpu_pct_10s"] : -1.0);
     std::printf(",\n  \"baseline\": {");
     print_object(base, "    ");
+    std::printf(",\n    \"shm_spin_p50_us\": %.6g", shm_spin_p50);
     std::printf("\n  },\n  \"ratio\": {");
     bool first = true;
     for (const char* k : keys) {
@@ -141,6 +153,7 @@ int main(int argc, char** argv) {
     // The pooled medians' ratio, beside the paired one above.
     if (ours.count("p50_us") && base.count("p50_us") && base["p50_us"] > 0)
         std::printf(",\n    \"p50_us_pooled\": %.3f", ours["p50_us"] / base["p50_us"]);
+    if (ours.count("p50_us") && shm_spin_p50 > 0) std::printf(",\n    \"p50_us_over_shm_spin\": %.3f", ours["p50_us"] / shm_spin_p50);
     std::printf("\n  },\n  \"transport\": \"%s\",\n  \"channel\": \"%s\",\n  \"baseline_socket\": \"%s\",\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n",
                 cfg.transport.c_str(), cfg.channel.c_str(), bench::plain::use_unix() ? "unix" : "tcp", cfg.pin.c_str(),
                 (ours.count("failed") || base.count("failed")) ? "false" : "true");

@@ -12,6 +12,8 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <time.h>
+
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -27,6 +29,7 @@ struct RpcConfig {
     int caller_cpu;
     int callee_cpu;
     int latency_blocks;  ///< latency alternates this many pairs of plain and RPC blocks (0: RPC only, no plain figures)
+    int idle_s;          ///< the caller then idles this long with its connection open (idle_cpu_pct_10s)
 };
 
 namespace rpc_detail {
@@ -275,6 +278,19 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
     const double g64 = co_await echo_gbps(*agent, std::size_t{64} << 20, cfg.reps_64mib, ok);
     progress("gbps_64mib");
     out.put("gbps_64mib", g64);
+    if (cfg.idle_s > 0) {
+        // An idle agent with its connection established (shm: both readers asleep on doorbells).
+        timespec c0{}, c1{};
+        ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+        const double t0 = now_us();
+        auto ex = co_await asio::this_coro::executor;
+        asio::steady_timer idle(ex, std::chrono::seconds(cfg.idle_s));
+        co_await idle.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        const double cpu_us = (double(c1.tv_sec - c0.tv_sec) * 1e9 + double(c1.tv_nsec - c0.tv_nsec)) / 1e3;
+        out.put("idle_cpu_pct_10s", 100.0 * cpu_us / (now_us() - t0));
+        progress("idle_cpu_pct_10s");
+    }
     progress("shutdown");
     auto down = co_await agent->shutdown(true, 300);
     if (!down) std::fprintf(stderr, "rpc_bench caller: shutdown: %s\n", down.error().to_string().c_str());

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per 64-byte RPC round trip, for each side (callee, caller), counted by callgrind:
 # repeatable to a few instructions whatever else the machine is doing, unlike wall time here.
-# Runs rpc_bench --quick twice (2,000 and 22,000 latency iterations) and divides the difference
+# Runs rpc_bench --quick --idle 0 twice (2,000 and 22,000 latency iterations) and divides the difference
 # of each worker's total by the 22,000 extra calls of the second run (the latency loop's 20,000
 # plus its 10% warm-up). Usage: bench/rtt_instructions.sh [BUILD_DIR]   (needs valgrind)
 set -euo pipefail
@@ -11,7 +11,7 @@ trap 'rm -rf "$out"' EXIT
 for n in 2000 22000; do
   mkdir -p "$out/$n"
   valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$out/$n/cg.%p" \
-    "$build/bench/rpc_bench" --quick --blocks 0 --iters "$n" > "$out/$n.log" 2>&1 &
+    "$build/bench/rpc_bench" --quick --blocks 0 --idle 0 --iters "$n" > "$out/$n.log" 2>&1 &
 done
 wait
 python3 - "$out" <<'PY'

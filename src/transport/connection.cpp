@@ -61,6 +61,14 @@ std::size_t try_write_now(asio::generic::stream_protocol::socket& sock, const st
     return sendmsg_now(sock.native_handle(), iov.data(), iov.size(), ec);
 }
 
+/// shm: one write_some of as much of `bufs` as the peer's ring takes.
+Result<std::size_t> shm_write_now(shm::ShmConnection& c, const std::vector<asio::const_buffer>& bufs, std::vector<iovec>& iov) {
+    iov.clear();
+    for (const auto& b : bufs)
+        if (b.size() > 0) iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
+    return c.write_some(iov);
+}
+
 /// Completion condition for async_read/async_write: all of it, and all of the rest in every
 /// system call. (Asio's transfer_all caps each call at 64 KiB: a 64 MiB tensor took 1024 passes
 /// through the event loop, one epoll_wait each.)
@@ -81,6 +89,27 @@ void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
 }
 }  // namespace
 
+bool ConnectionState::shm_write_iov(iovec* v, std::size_t count, std::size_t& written) {
+    auto w = v ? shm->write_some(std::span<const iovec>(v, count)) : shm_write_now(*shm, bufs, iov);
+    if (!w) {
+        close(std::move(w).error().context("writing to " + who()).on_worker(peer.name));
+        return false;
+    }
+    written = *w;
+    return true;
+}
+
+Task<Result<void>> ConnectionState::shm_write(std::vector<asio::const_buffer>& b) {
+    for (;;) {
+        auto n = shm_write_now(*shm, b, iov);
+        if (!n) co_return fail(std::move(n).error());
+        consume(b, *n);
+        if (asio::buffer_size(b) == 0) co_return ok();
+        if (*n == 0)
+            if (auto w = co_await shm->wait_writable(); !w) co_return w;
+    }
+}
+
 /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
 void ConnectionState::gather(std::vector<OutFrame>& frames, std::size_t skip) {
     bufs.clear();
@@ -98,7 +127,12 @@ void ConnectionState::flush_now() {
     gather(queue, queue_written);
     std::error_code ec;
     const std::size_t total = asio::buffer_size(bufs);
-    const std::size_t n = try_write_now(socket, bufs, iov, ec);
+    std::size_t n = 0;
+    if (shm) [[unlikely]] {
+        if (!shm_write_iov(nullptr, 0, n)) return;
+    } else {
+        n = try_write_now(socket, bufs, iov, ec);
+    }
     ++stats.writes;
     if (ec) {
         close(from_error_code(ec, "writing to " + who()).on_worker(peer.name));
@@ -129,7 +163,12 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
     if (!payload_inline) add(payload.data(), payload.size());
     for (auto& t : tensors) add(t.data(), t.nbytes());
     std::error_code ec;
-    const std::size_t written = sendmsg_now(socket.native_handle(), v, cnt, ec);
+    std::size_t written = 0;
+    if (shm) [[unlikely]] {
+        if (!shm_write_iov(v, cnt, written)) return fail(closed_error());
+    } else {
+        written = sendmsg_now(socket.native_handle(), v, cnt, ec);
+    }
     ++stats.writes;
     if (ec) {
         close(from_error_code(ec, "writing to " + who()).on_worker(peer.name));
@@ -161,6 +200,16 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
         ++s->stats.writes;
         s->stats.frames_sent += s->batch.size();
         std::error_code ec;
+        if (s->shm) {
+            auto w = co_await s->shm_write(s->bufs);
+            s->writing = false;
+            s->batch.clear();
+            if (!w) {
+                if (s->open) s->close(std::move(w).error().context("writing to " + s->who()).on_worker(s->peer.name));
+                break;
+            }
+            continue;
+        }
         const std::size_t total = asio::buffer_size(s->bufs);
         const std::size_t n = try_write_now(s->socket, s->bufs, s->iov, ec);
         if (!ec && n < total) {
@@ -251,6 +300,8 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         auto stream = co_await std::move(connecting);
         if (!stream) co_return fail(stream.error());
         auto s = std::make_shared<ConnectionState>(std::move(stream->socket), limits, stream->tcp);
+        s->shm = std::move(stream->shm);
+        if (s->shm) s->shm_spin = shm::spin_from_env();
         s->transport = std::move(stream->transport);
         s->endpoint = std::move(stream->endpoint);
         // (The handshake finds `auth` in the state: GCC 12 mis-destroyed it as a coroutine argument.)
@@ -335,11 +386,22 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
 Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stream_protocol::socket socket,
                                                              std::string transport, std::string endpoint, HelloInfo local,
                                                              ConnectionLimits limits, HandshakeAuth auth) {
-    auto timeout = limits.handshake_timeout;
     const bool tcp = transport == "uv";
-    auto s = std::make_shared<detail::ConnectionState>(std::move(socket), std::move(limits), tcp);
-    s->transport = std::move(transport);
-    s->endpoint = std::move(endpoint);
+    detail::Stream stream{std::move(socket), std::move(transport), std::move(endpoint), tcp, nullptr};
+    return accept(std::move(stream), std::move(local), std::move(limits), std::move(auth));
+}
+
+Task<Result<std::shared_ptr<Connection>>> Connection::accept(detail::Stream stream, HelloInfo local, ConnectionLimits limits,
+                                                             HandshakeAuth auth) {
+    auto timeout = limits.handshake_timeout;
+    if (auto r = co_await detail::finish_accepted(stream, timeout); !r)
+        co_return fail(std::move(r).error().context("accepting " + stream.endpoint));
+    const bool tcp = stream.transport == "uv";
+    auto s = std::make_shared<detail::ConnectionState>(std::move(stream.socket), std::move(limits), tcp);
+    s->shm = std::move(stream.shm);
+    if (s->shm) s->shm_spin = detail::shm::spin_from_env();
+    s->transport = std::move(stream.transport);
+    s->endpoint = std::move(stream.endpoint);
     s->auth = std::move(auth);
     auto handshake = detail::server_handshake(s, std::move(local));
     auto peer = co_await with_timeout(std::move(handshake), timeout);
@@ -444,12 +506,15 @@ void Connection::set_short_reads(bool short_reads) { state_->edge.short_reads = 
 bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
 
 Task<Result<Frame>> Connection::receive() {
-    return state_->read_frame(state_);  // the state stays alive across the read even if this handle goes
+    // (The state stays alive across the read even if this handle goes.)
+    if (state_->shm) return state_->shm_read_frame(state_);
+    return state_->read_frame(state_);
 }
 
 void Connection::dispatch_to(std::shared_ptr<FrameSink> sink) {
     auto* op = detail::recycled_new<detail::DispatchOp>(state_->socket, state_->edge, detail::DispatchReader{state_, std::move(sink)});
-    detail::dispatch_frames(*op);
+    if (state_->shm) detail::dispatch_shm_frames(*op);
+    else detail::dispatch_frames(*op);
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }

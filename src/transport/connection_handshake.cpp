@@ -32,6 +32,12 @@ namespace {
 /// Writes `bytes` whole. (References, not values: a coroutine's by-value argument built inside a
 /// co_await expression is destroyed twice by GCC 12; callers pass named locals.)
 Task<Result<void>> write_all(ConnectionState& s, const Bytes& bytes) {
+    if (s.shm) {
+        std::vector<asio::const_buffer> b(1, asio::buffer(bytes));
+        auto w = co_await s.shm_write(b);
+        if (!w) co_return fail(std::move(w).error().context("sending the handshake to " + s.endpoint));
+        co_return ok();
+    }
     auto [ec, n] = co_await asio::async_write(s.socket, asio::buffer(bytes), use_nothrow);
     if (ec) co_return fail(from_error_code(ec, "sending the handshake to " + s.endpoint));
     co_return ok();

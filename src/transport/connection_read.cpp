@@ -8,6 +8,9 @@
 #include "core/asio_compat.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -28,6 +31,12 @@ Task<Result<void>> ConnectionState::fill(std::size_t n) {
     }
     while (rend - rbeg < n) {
         if (!open) co_return fail(closed_error());
+        if (shm) {
+            auto k = co_await shm_read(rbuf.data() + rend, rbuf.size() - rend);
+            if (!k) co_return fail(shm_read_error(std::move(k).error()));
+            rend += *k;
+            continue;
+        }
         // (a read that empties the socket tells the reactor so: no EAGAIN read next time; a unit
         // is unfinished here, so the next read looks again at once: recheck)
         reading = true;
@@ -61,6 +70,13 @@ Task<Result<void>> ConnectionState::read_into(std::uint8_t* dst, std::size_t n) 
         // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
         // between chunks.
         while (n > 0) {
+            if (shm) {
+                auto got = co_await shm_read(dst, n);
+                if (!got) co_return fail(shm_read_error(std::move(got).error()));
+                dst += *got;
+                n -= *got;
+                continue;
+            }
             reading = true;
             auto [ec, k] = co_await async_edge_read(socket, asio::buffer(dst, n), edge, true, use_nothrow);
             reading = false;
@@ -180,6 +196,82 @@ Task<Result<Frame>> ConnectionState::read_frame(std::shared_ptr<ConnectionState>
         sends_at_read = sends;
         if (ec) co_return fail(read_error(ec));
         rend += k;
+    }
+    co_return co_await read_general();
+}
+
+namespace {
+/// shm_read yields its core every this many turns at most (when no yield gave the core away).
+constexpr unsigned kShmYieldEvery = 8;
+/// A sched_yield that took this long ran another task on this core: likely the peer.
+constexpr auto kYieldRanOther = std::chrono::microseconds(2);
+}  // namespace
+
+Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size_t n) {
+    const std::span<std::uint8_t> into(dst, n);
+    auto k = shm->read_some(into);
+    if (!k || *k > 0) {
+        ++stats.reads;
+        sends_at_read = sends;
+        co_return k;
+    }
+    reading = true;
+    // Look again while the peer may be about to answer, letting every other handler of this event
+    // loop run between looks (spinning in place would hold back the very work that answers);
+    // then sleep on the doorbell, which the event loop watches.
+    const auto until = Clock::now() + shm_spin;
+    auto ex = socket.get_executor();
+    for (unsigned turn = 1;; ++turn) {
+        k = shm->read_some(into);
+        if (!k || *k > 0) break;
+        const auto now = Clock::now();
+        if (shm_spin.count() > 0 && now < until) {
+            // Give the core to a peer that shares it: at every turn while yielding runs another
+            // task (the peer, most likely), else now and then (a peer on another core answers
+            // without it, and the call costs a system call). The event loop runs its other work
+            // between turns.
+            if (shm_yield_every <= 1 || turn % shm_yield_every == 0) {
+                ::sched_yield();
+                shm_yield_every = Clock::now() - now > kYieldRanOther ? 1 : kShmYieldEvery;
+            }
+            co_await asio::post(ex, use_nothrow);
+            continue;
+        }
+        auto w = co_await shm->wait_readable();
+        if (!w) {
+            k = fail(std::move(w).error());
+            break;
+        }
+    }
+    reading = false;
+    ++stats.reads;
+    sends_at_read = sends;
+    co_return k;
+}
+
+Error ConnectionState::shm_read_error(Error e) {
+    if (!open) return closed_error();
+    if (e.code() == Errc::connection_lost && (rend > rbeg || in_frame))
+        return broken(Error(Errc::connection_lost,
+                            "connection to " + who() + " closed in the middle of a frame (" + std::to_string(rend - rbeg) +
+                                " bytes of it buffered): " + e.message(),
+                            peer.name));
+    return broken(std::move(e).context("reading from " + who()).on_worker(peer.name));
+}
+
+Task<Result<Frame>> ConnectionState::shm_read_frame(std::shared_ptr<ConnectionState> keep) {
+    (void)keep;
+    for (;;) {
+        if (!open) co_return fail(closed_error());
+        Result<Frame> f;
+        std::optional<Error> err;
+        const Parse p = parse_buffered(*f, err);
+        if (p == Parse::frame) co_return std::move(f);
+        if (p == Parse::bad) co_return fail(std::move(*err));
+        if (p == Parse::general) break;
+        auto k = co_await shm_read(rbuf.data() + rend, rbuf.size() - rend);
+        if (!k) co_return fail(shm_read_error(std::move(k).error()));
+        rend += *k;
     }
     co_return co_await read_general();
 }
@@ -328,23 +420,35 @@ Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
 }
 }  // namespace
 
+namespace {
+/// Hands every whole small frame in the buffer to the reader's sink. What stopped it: `more` (read
+/// first), `general` (read_general's frame is next), or `bad` (`err` says why: a bad frame, or the
+/// connection is closed).
+[[gnu::always_inline]] inline ConnectionState::Parse hand_on_buffered(DispatchReader& r, std::optional<Error>& err) {
+    ConnectionState& s = *r.s;
+    for (;;) {
+        if (!s.open) {
+            err = s.closed_error();
+            return ConnectionState::Parse::bad;
+        }
+        FrameView v;
+        const ConnectionState::Parse p = s.parse_view(v, err);
+        if (p != ConnectionState::Parse::frame) return p;
+        r.sink->on_small_frame(v);
+    }
+}
+}  // namespace
+
 void dispatch_frames(DispatchOp& op) {
     DispatchReader& r = op.reader;
     ConnectionState& s = *r.s;
     bool handed_on = false;  // op belongs to a pending read or a coroutine: not ours to end
     try {
         for (;;) {
-            if (!s.open) {
-                r.sink->on_closed(s.closed_error());
-                op.end();
-                return;
-            }
-            FrameView v;
             std::optional<Error> err;
-            switch (s.parse_view(v, err)) {
+            switch (hand_on_buffered(r, err)) {
             case ConnectionState::Parse::frame:
-                r.sink->on_small_frame(v);
-                continue;
+                continue;  // (not returned)
             case ConnectionState::Parse::bad:
                 r.sink->on_closed(*err);
                 op.end();
@@ -374,6 +478,53 @@ void dispatch_frames(DispatchOp& op) {
         r.sink->on_closed(e);
         op.end();
     }
+}
+
+namespace {
+/// The shm dispatch reader's life (dispatch_shm_frames). `owner` ends the op when it returns.
+Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
+    DispatchReader& r = owner.op->reader;
+    ConnectionState& s = *r.s;  // (the reader holds the state)
+    try {
+        for (;;) {
+            std::optional<Error> err;
+            const ConnectionState::Parse p = hand_on_buffered(r, err);
+            if (p == ConnectionState::Parse::bad) {
+                r.sink->on_closed(*err);
+                co_return;
+            }
+            if (p == ConnectionState::Parse::general) {
+                auto f = co_await s.read_general();
+                if (!f) {
+                    r.sink->on_closed(f.error());
+                    co_return;
+                }
+                r.sink->on_frame(std::move(*f));
+                continue;
+            }
+            // (FrameSink::awaiting_input steers the socket's recheck of a FIN: the rings' end
+            // shows by the setup socket instead, so it is not asked.)
+            auto k = co_await s.shm_read(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend);
+            if (!k) {
+                r.sink->on_closed(s.shm_read_error(std::move(k).error()));
+                co_return;
+            }
+            s.rend += *k;
+        }
+    } catch (...) {
+        // A sink that throws (out of memory) ends this connection, not the event loop.
+        auto e = error_from_current_exception("connection reader").on_worker(s.peer.name);
+        s.close(e);
+        r.sink->on_closed(e);
+    }
+}
+}  // namespace
+
+void dispatch_shm_frames(DispatchOp& op) {
+    auto ex = op.reader.s->socket.get_executor();
+    asio::co_spawn(ex, dispatch_shm(RearmedReadOwner<DispatchReader>(&op)), [](std::exception_ptr e) {
+        if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection reader").to_string());
+    });
 }
 
 }  // namespace tensorplay::detail

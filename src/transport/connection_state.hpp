@@ -7,6 +7,7 @@
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
+#include "transport/shm/shm_connection.hpp"
 
 #include <asio/steady_timer.hpp>
 
@@ -72,6 +73,15 @@ struct ConnectionState {
     }
 
     asio::generic::stream_protocol::socket socket;
+    /// Set: the bytes run over these shared-memory rings instead of `socket` (which stays closed
+    /// and lends only its executor). Every read and write point below looks at it first; the
+    /// socket paths are unchanged.
+    std::unique_ptr<shm::ShmConnection> shm;
+    /// shm: how long a read that finds nothing keeps looking, letting the event loop run between
+    /// looks, before it sleeps on the doorbell (TP_SHM_SPIN_US).
+    std::chrono::microseconds shm_spin{0};
+    /// shm: shm_read yields its core every this many turns (1 while yielding runs another task).
+    unsigned shm_yield_every = 1;
     ConnectionLimits limits;
     bool tcp = true;
     std::string transport = "uv";  ///< the transport this stream is of
@@ -122,6 +132,7 @@ struct ConnectionState {
         std::error_code ec;
         socket.shutdown(asio::socket_base::shutdown_both, ec);
         socket.close(ec);
+        if (shm) shm->close();
         wake.cancel();
         watchdog.cancel();
     }
@@ -157,6 +168,20 @@ struct ConnectionState {
     Task<Result<void>> read_into(std::uint8_t* dst, std::size_t n);
     /// Reads and drops `n` bytes (a refused tensor's).
     Task<Result<void>> skip(std::size_t n);
+
+    /// shm: reads up to `n` bytes into `dst`, at least one: what has arrived, else it looks again
+    /// for shm_spin (yielding to the event loop between looks), then sleeps on the doorbell.
+    /// Errors as ShmConnection::read_some (pass them through shm_read_error).
+    Task<Result<std::size_t>> shm_read(std::uint8_t* dst, std::size_t n);
+    /// shm: the error of a failed read, as read_error's (the connection is closed by it).
+    Error shm_read_error(Error e);
+    /// shm: one write of `v` (null: of `bufs`) into the peer's ring; false when it failed (the
+    /// connection is then closed). Out of line: the socket paths stay as they were.
+    [[gnu::noinline]] bool shm_write_iov(iovec* v, std::size_t count, std::size_t& written);
+    /// shm: writes every byte of `b` (consuming it), waiting for room in the peer's ring.
+    Task<Result<void>> shm_write(std::vector<asio::const_buffer>& b);
+    /// shm: read_frame over the rings (read_frame's loop; the general path is shared).
+    Task<Result<Frame>> shm_read_frame(std::shared_ptr<ConnectionState> keep);
 
     enum class Parse { frame, more, general, bad };
 
@@ -216,5 +241,10 @@ using DispatchOp = RearmedRead<DispatchReader>;
 /// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader). Takes `op`:
 /// it is started again, handed on, or ended.
 void dispatch_frames(DispatchOp& op);
+
+/// dispatch_frames over shm rings: one coroutine for the connection's life that hands on what is
+/// buffered (the same parsing), reads what arrived, and waits (ConnectionState::shm_read) when
+/// nothing did. Takes `op` (its reader and sink; no socket read is ever started on it).
+void dispatch_shm_frames(DispatchOp& op);
 
 }  // namespace tensorplay::detail

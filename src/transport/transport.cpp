@@ -105,9 +105,10 @@ std::string_view Address::transport() const noexcept {
 
 namespace tensorplay::detail {
 
-// Defined with each transport (tcp_transport.cpp, uds_transport.cpp).
+// Defined with each transport (tcp_transport.cpp, uds_transport.cpp, shm_transport.cpp).
 std::shared_ptr<const Transport> make_uv_transport();
 std::shared_ptr<const Transport> make_uds_transport();
+std::shared_ptr<const Transport> make_shm_transport();
 
 namespace {
 constexpr std::array<std::string_view, 4> kTransports{"shm", "uds", "ibv", "uv"};
@@ -161,8 +162,10 @@ Result<std::shared_ptr<const Transport>> transport_named(std::string_view name) 
         static const auto uds = make_uds_transport();
         return uds;
     }
-    if (c == "shm")
-        return fail(Errc::not_supported, "transport \"shm\" is not built into this agent yet");
+    if (c == "shm") {
+        static const auto shm = make_shm_transport();
+        return shm;
+    }
     if (c == "ibv")
         return fail(Errc::not_supported, "transport \"ibv\" (InfiniBand verbs) is not supported by this agent");
     return fail(Errc::invalid_argument, "unknown transport \"" + std::string(name) + "\" (known: " + joined(kTransports) + ")");
@@ -194,7 +197,7 @@ Result<std::vector<std::shared_ptr<const Transport>>> select_transports(const st
     if (out.empty()) {
         std::string asked;
         for (const auto& n : names) asked += (asked.empty() ? "" : ", ") + n;
-        return fail(Errc::not_supported, "none of the _transports [" + asked + "] is available in this agent (available: uv, uds)");
+        return fail(Errc::not_supported, "none of the _transports [" + asked + "] is available in this agent (available: shm, uds, uv)");
     }
     return out;
 }

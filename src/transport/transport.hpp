@@ -1,5 +1,6 @@
-// Private: the transport seam. A Transport (uv = TCP, uds = Unix sockets; shm and ibv named but not
-// built) listens on an Address and connects to one, giving a byte stream that a Connection runs on.
+// Private: the transport seam. A Transport (uv = TCP, uds = Unix sockets, shm = shared-memory
+// rings; ibv named but not built) listens on an Address and connects to one, giving a byte stream
+// that a Connection runs on.
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -7,6 +8,8 @@
 #include <tensorplay/transport/address.hpp>
 
 #include <asio/generic/stream_protocol.hpp>
+
+#include "transport/shm/shm_connection.hpp"
 
 #include <memory>
 #include <optional>
@@ -24,7 +27,15 @@ struct Stream {
     std::string endpoint;   ///< the peer, for messages ("10.0.0.2:4242", "uds://name (pid 42)")
     /// TCP: TCP_NODELAY is set, and reads may ask TCP_INQ; other streams always read short.
     bool tcp = false;
+    /// shm: the rings the bytes run over (`socket` is then closed: the ShmConnection holds the
+    /// setup socket). Null on a stream an shm Listener accepted until finish_accepted() sets it up.
+    std::unique_ptr<shm::ShmConnection> shm = nullptr;
 };
+
+/// Finishes a stream a Listener accepted: for shm the ring setup over its socket, bounded by
+/// `timeout` (run per connection, so that a peer slow to set up delays only itself, not the
+/// accept loop); nothing for other transports. Errors as ShmConnection::establish.
+[[nodiscard]] Task<Result<void>> finish_accepted(Stream& stream, Duration timeout);
 
 /// A bound, listening socket of one transport. Strand-bound to the executor it was made on.
 class Listener {
@@ -57,8 +68,9 @@ public:
     /// uv; uds sits between (a same-host stream without TCP's stack, below shared memory).
     [[nodiscard]] virtual int priority() const noexcept = 0;
     /// Whom it reaches: two sides may use it when their descriptors are equal. uv: "uv" (any
-    /// peer with an address); uds: boot id, network namespace and user (an abstract socket is
-    /// visible only inside one network namespace, and the accepting side admits its own user only).
+    /// peer with an address); uds and shm: boot id, network namespace and user (an abstract socket
+    /// is visible only inside one network namespace, and the accepting side admits its own user
+    /// only; shm sets its rings up over such a socket).
     [[nodiscard]] virtual const std::string& domain() const noexcept = 0;
     /// Binds and listens on the executor `ex`.
     [[nodiscard]] virtual Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const = 0;

@@ -1,6 +1,7 @@
-// Transport negotiation between agents: the default picks uds on one host, `_transports`
+// Transport negotiation between agents: the default picks shm on one host, `_transports`
 // restricts and orders, unknown names are refused up front, no common transport fails init
-// naming both workers, and the uds listener admits its own user only (SO_PEERCRED).
+// naming both workers, the uds listener admits its own user only (SO_PEERCRED), and an idle shm
+// connection sleeps instead of spinning.
 #include "rpc/agent_test_util.hpp"
 
 #include "transport/frame.hpp"
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <cstring>
 
 using namespace tensorplay;
@@ -53,24 +55,74 @@ Bytes uds_hello() {
     return detail::encode_hello(h);
 }
 
-TEST_CASE("by default two workers on one host negotiate uds and the basic channel", "[rpc][agent][negotiation]") {
+TEST_CASE("by default two workers on one host negotiate shm and the basic channel", "[rpc][agent][negotiation]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("over shm"));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("over shm"));
+        CHECK(g[0]->connection_to(1)->transport() == "shm");
+        CHECK(g[1]->connection_to(0)->transport() == "shm");
+        auto info = co_await g[0]->get_debug_info();
+        REQUIRE(info);
+        REQUIRE(info->peers.size() == 1);
+        CHECK(info->peers[0].transport == "shm");
+        CHECK(info->peers[0].channel == "cpu->cpu:basic");
+        // Every listener is published, highest priority first.
+        auto urls = g[1]->listen_urls();
+        REQUIRE(urls.size() == 3);
+        CHECK(urls[0].rfind("shm://", 0) == 0);
+        CHECK(urls[1].rfind("uds://", 0) == 0);
+        CHECK(urls[2].rfind("tcp://127.0.0.1:", 0) == 0);
+        co_await test::shutdown_all(g);
+    });
+}
+
+TEST_CASE("_transports [uds, uv] gives uds: shm is left out when not listed", "[rpc][agent][negotiation]") {
+    const auto uds_uv = with(std::vector<std::string>{"uds", "uv"});
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, uds_uv);
         test::register_echo(g);
         auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("over uds"));
         REQUIRE(r);
         CHECK(g[0]->connection_to(1)->transport() == "uds");
         CHECK(g[1]->connection_to(0)->transport() == "uds");
-        auto info = co_await g[0]->get_debug_info();
-        REQUIRE(info);
-        REQUIRE(info->peers.size() == 1);
-        CHECK(info->peers[0].transport == "uds");
-        CHECK(info->peers[0].channel == "cpu->cpu:basic");
-        // Both listeners are published, highest priority first.
-        auto urls = g[1]->listen_urls();
-        REQUIRE(urls.size() == 2);
-        CHECK(urls[0].rfind("uds://", 0) == 0);
-        CHECK(urls[1].rfind("tcp://127.0.0.1:", 0) == 0);
+        co_await test::shutdown_all(g);
+    });
+}
+
+namespace {
+double process_cpu_seconds() {
+    timespec t{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+}  // namespace
+
+TEST_CASE("an idle shm connection sleeps on its doorbell instead of spinning", "[rpc][agent][negotiation][shm]") {
+    test::run_with_deadline(15s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        test::register_echo(g);
+        for (int i = 0; i < 100; ++i) {  // both readers have spun and slept many times
+            auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("busy"));
+            REQUIRE(r);
+        }
+        REQUIRE(g[0]->connection_to(1)->transport() == "shm");
+        REQUIRE(g[1]->connection_to(0)->transport() == "shm");
+        // Both agents, and both ends of their shm connections, live in this process: a reader
+        // that kept looking would burn a core here.
+        const double cpu0 = process_cpu_seconds();
+        const auto t0 = Clock::now();
+        co_await test::sleep_for(1s);
+        const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+        const double used = process_cpu_seconds() - cpu0;
+        INFO("CPU " << used << " s over " << wall << " s idle");
+        CHECK(used < 0.2 * wall);
+        // And it wakes up at once when a call comes.
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("awake"), 2);
+        REQUIRE(r);
+        CHECK(r->payload == bytes("awake"));
         co_await test::shutdown_all(g);
     });
 }

@@ -22,12 +22,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// Options for a group that talks over `transport`: uds is preferred to uv, so that the
-/// negotiation runs over TCP and the data moves to the Unix socket; uv alone stays on TCP.
+/// Options for a group that talks over `transport`: uds (or shm) is preferred to uv, so that the
+/// negotiation runs over TCP and the data moves to the same-host transport; uv alone stays on TCP.
 test::Configure over(std::string transport) {
     return [transport](int, TensorPipeRpcBackendOptions& o) {
-        if (transport == "uds") o.transports = std::vector<std::string>{"uds", "uv"};
-        else o.transports = std::vector<std::string>{transport};
+        if (transport == "uv") o.transports = std::vector<std::string>{transport};
+        else o.transports = std::vector<std::string>{transport, "uv"};
     };
 }
 
@@ -50,13 +50,35 @@ Task<detail::Stream> raw_connect(std::string url) {
     co_return std::move(*s);
 }
 
+/// Writes `b` whole on the raw stream: its socket, or for shm the rings of a ShmConnection set up
+/// by the transport's connect (no Connection on this side: any bytes can be written).
 Task<void> send_raw(detail::Stream& s, Bytes b) {
+    if (s.shm) {
+        std::size_t off = 0;
+        while (off < b.size()) {
+            const iovec v{b.data() + off, b.size() - off};
+            auto n = s.shm->write_some(std::span<const iovec>(&v, 1));
+            REQUIRE(n);
+            off += *n;
+            if (*n == 0) REQUIRE(co_await s.shm->wait_writable());
+        }
+        co_return;
+    }
     auto [ec, n] = co_await asio::async_write(s.socket, asio::buffer(b), detail::use_nothrow);
     REQUIRE(!ec);
 }
 
+/// Reads (and drops) until the peer closes the raw stream.
 Task<bool> closed_by_peer(detail::Stream& s) {
     Bytes sink(1 << 16);
+    if (s.shm) {
+        for (;;) {
+            auto n = s.shm->read_some(sink);
+            if (!n) co_return true;
+            if (*n == 0)
+                if (auto w = co_await s.shm->wait_readable(); !w) co_return true;
+        }
+    }
     for (;;) {
         auto [ec, n] = co_await s.socket.async_read_some(asio::buffer(sink), detail::use_nothrow);
         if (ec) co_return true;
@@ -92,7 +114,7 @@ Bytes member_hello(const std::string& transport, const test::AgentPtr& server) {
 }  // namespace
 
 TEST_CASE("an agent conforms over every transport", "[rpc][agent][transport]") {
-    const std::string transport = GENERATE(std::string("uv"), std::string("uds"));
+    const std::string transport = GENERATE(std::string("uv"), std::string("uds"), std::string("shm"));
     INFO("transport " << transport);
     const test::Configure cfg = over(transport);
 
@@ -227,7 +249,8 @@ TEST_CASE("an agent conforms over every transport", "[rpc][agent][transport]") {
             auto h = frame_header(40, 1000);
             h.resize(h.size() + 20);
             co_await send_raw(half, h);
-            half.socket.close();
+            if (half.shm) half.shm->close();
+            else half.socket.close();
 
             auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("still here"));
             REQUIRE(r);
@@ -275,7 +298,7 @@ int killed_peer_child(std::uint16_t store_port, const std::string& transport, in
 }  // namespace
 
 TEST_CASE("calls pending on a killed peer process fail within a second over every transport", "[rpc][agent][transport][fault]") {
-    const std::string transport = GENERATE(std::string("uv"), std::string("uds"));
+    const std::string transport = GENERATE(std::string("uv"), std::string("uds"), std::string("shm"));
     INFO("transport " << transport);
     // The store's port comes back from the parent's server; the child is forked before any event
     // loop runs in this process.

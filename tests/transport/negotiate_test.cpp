@@ -120,19 +120,22 @@ TEST_CASE("a version-3 hello carries the offers and the answer, and bounds their
     CHECK(bad.error().code() == Errc::protocol_error);
 }
 
-TEST_CASE("unknown names are invalid_argument; shm and ibv are recognised but not_supported", "[transport][negotiation]") {
+TEST_CASE("unknown names are invalid_argument; ibv is recognised but not_supported", "[transport][negotiation]") {
     CHECK(detail::transport_named("uv"));
     CHECK((*detail::transport_named("tcp"))->name() == "uv");
     CHECK(detail::transport_named("uds"));
-    CHECK(detail::transport_named("shm").error().code() == Errc::not_supported);
+    REQUIRE(detail::transport_named("shm"));
+    CHECK((*detail::transport_named("shm"))->priority() == 200);
+    CHECK((*detail::transport_named("shm"))->domain() == "shm:" + detail::same_host_domain());
     CHECK(detail::transport_named("ibv").error().code() == Errc::not_supported);
     CHECK(detail::transport_named("smoke").error().code() == Errc::invalid_argument);
     auto all = detail::select_transports(std::nullopt);
     REQUIRE(all);
-    REQUIRE(all->size() == 2);
-    CHECK((*all)[0]->name() == "uds");  // shm > uds > uv; shm is left out
-    CHECK((*all)[1]->name() == "uv");
-    auto only = detail::select_transports(std::vector<std::string>{"shm", "ibv"});
+    REQUIRE(all->size() == 3);
+    CHECK((*all)[0]->name() == "shm");  // shm > uds > uv
+    CHECK((*all)[1]->name() == "uds");
+    CHECK((*all)[2]->name() == "uv");
+    auto only = detail::select_transports(std::vector<std::string>{"ibv"});
     REQUIRE_FALSE(only);
     CHECK(only.error().code() == Errc::not_supported);
 }

@@ -194,6 +194,7 @@ struct ConnectionStats {
 
 namespace detail {
 struct ConnectionState;
+struct Stream;
 }
 
 /// A framed connection. Strand-bound: every member must be called on the executor it was
@@ -237,10 +238,14 @@ public:
                                                                          std::string transport, std::string endpoint,
                                                                          HelloInfo local, ConnectionLimits limits,
                                                                          HandshakeAuth auth);
+    /// As accept(), on a stream a transport's Listener accepted (the library's agent; an shm
+    /// stream's ring setup runs first, within the handshake timeout).
+    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(detail::Stream stream, HelloInfo local,
+                                                                         ConnectionLimits limits, HandshakeAuth auth);
 
     /// The peer's handshake.
     [[nodiscard]] const HelloInfo& peer() const noexcept;
-    /// The transport this connection runs on ("uv", "uds").
+    /// The transport this connection runs on ("uv", "uds", "shm").
     [[nodiscard]] const std::string& transport() const noexcept;
     /// What the handshake chose (the transport, the channel per device pair).
     [[nodiscard]] const Negotiated& negotiated() const noexcept;

@@ -1,0 +1,87 @@
+// Abstract Unix sockets for the uds and shm transports: names, the same-user listener, connect.
+#include "transport/unix_socket.hpp"
+
+#include <tensorplay/core/log.hpp>
+
+#include "core/asio_compat.hpp"
+
+#include <asio/this_coro.hpp>
+
+#include <openssl/rand.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace tensorplay::detail {
+
+asio::local::stream_protocol::endpoint abstract_endpoint(const std::string& name) {
+    std::string path(1, '\0');
+    path += name;  // (Address::parse bounds the name's length)
+    return asio::local::stream_protocol::endpoint(path);
+}
+
+Result<std::string> fresh_abstract_name() {
+    unsigned char r[8];
+    if (RAND_bytes(r, sizeof r) != 1) return fail(Errc::io_error, "RAND_bytes failed while naming a Unix socket");
+    std::string s = "tensorplay-" + std::to_string(::getpid()) + "-";
+    char hex[3];
+    for (unsigned char b : r) {
+        std::snprintf(hex, sizeof hex, "%02x", b);
+        s += hex;
+    }
+    return s;
+}
+
+Result<void> AbstractUnixAcceptor::open(const std::string& url_scheme) {
+    auto name = fresh_abstract_name();
+    if (!name) return fail(name.error());
+    std::error_code ec;
+    const auto ep = abstract_endpoint(*name);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    url_ = url_scheme + "://" + *name;
+    if (ec) return fail(from_error_code(ec, "listening on " + url_));
+    name_ = std::move(*name);
+    return ok();
+}
+
+Task<Result<UnixPeer>> AbstractUnixAcceptor::accept(const std::string& transport) {
+    for (;;) {
+        asio::generic::stream_protocol::socket socket(acceptor_.get_executor());
+        auto [ec] = co_await acceptor_.async_accept(socket, use_nothrow);
+        if (!acceptor_.is_open()) co_return fail(Errc::cancelled, "the Unix socket listener " + url_ + " is closed");
+        if (ec) co_return fail(from_error_code(ec, "accepting on " + url_));
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) {
+            log(LogLevel::warn, "transport", "closing a connection on " + url_ + ": SO_PEERCRED failed");
+            continue;  // (the socket closes with this scope)
+        }
+        if (cred.uid != ::geteuid()) {
+            log(LogLevel::warn, "transport",
+                "closing a connection on " + url_ + " from pid " + std::to_string(cred.pid) + ": it runs as uid " +
+                    std::to_string(cred.uid) + ", this worker as uid " + std::to_string(::geteuid()) + " (the " + transport +
+                    " transport admits its own user only)");
+            continue;
+        }
+        co_return UnixPeer{std::move(socket), static_cast<int>(cred.pid)};
+    }
+}
+
+void AbstractUnixAcceptor::close() {
+    std::error_code ec;
+    acceptor_.close(ec);
+}
+
+Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::string name, std::string url) {
+    auto ex = co_await asio::this_coro::executor;
+    asio::generic::stream_protocol::socket socket(ex);
+    const asio::generic::stream_protocol::endpoint ep(abstract_endpoint(name));
+    auto [ec] = co_await socket.async_connect(ep, use_nothrow);
+    if (ec) co_return fail(from_error_code(ec, "connecting to " + url));
+    co_return std::move(socket);
+}
+
+}  // namespace tensorplay::detail
