@@ -2,6 +2,7 @@
 // and Connections over uds, including the redirect from a TCP negotiation to a Unix socket.
 #include "transport/negotiate.hpp"
 
+#include "transport/auth.hpp"
 #include "transport/frame.hpp"
 #include "transport/transport.hpp"
 #include "transport/transport_test_util.hpp"
@@ -213,4 +214,16 @@ TEST_CASE("channels: cma before basic by default, _channels restricts and orders
     auto ordered = detail::select_channels(std::vector<std::string>{"basic", "cma"});
     REQUIRE(ordered);
     CHECK(*ordered == std::vector<std::string>{"basic", "cma"});
+}
+
+TEST_CASE("the handshake proofs cover the channel offers' params (a forged cma probe target fails them)", "[transport][negotiation]") {
+    HelloInfo client, server, forged;
+    client.name = "c";
+    server.name = "s";
+    client.channels = {ChannelOffer{"cma", "cpu", "cma:host", "probe A"}, ChannelOffer{"basic", "cpu", "any"}};
+    forged = client;
+    forged.channels[0].params = "probe B";
+    const detail::Transcript a{kProtocolVersion, &client, &server, {}, {}, nullptr};
+    const detail::Transcript b{kProtocolVersion, &forged, &server, {}, {}, nullptr};
+    CHECK(detail::transcript_bytes(a, detail::ProofBy::client) != detail::transcript_bytes(b, detail::ProofBy::client));
 }
