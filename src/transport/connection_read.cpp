@@ -100,7 +100,7 @@ Task<Result<void>> ConnectionState::skip(std::size_t n) {
 /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
 /// read_general's path.
 ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<Error>& err) {
-  for (;;) {
+    if (!take_buffered_releases(err)) return Parse::bad;
     const std::size_t avail = rend - rbeg;
     std::size_t need = kFrameHeaderSize;
     if (avail >= kFrameHeaderSize) {
@@ -117,13 +117,8 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         if (avail >= need) {
             const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
             // Tensors, or malformed metadata: read_general decodes it and says which.
-            if (h.flags != 0 || !decode_small_meta(meta, limits, f.name)) return Parse::general;
-            if (h.kind == kReleaseFrame) {  // (the connection's own: never handed on)
-                rbeg += need;
-                if (rbeg == rend) rbeg = rend = 0;
-                if (!take_release(h.id, err)) return Parse::bad;
-                continue;
-            }
+            // (A whole release here has a bad block: read_general says so.)
+            if (h.flags != 0 || h.kind == kReleaseFrame || !decode_small_meta(meta, limits, f.name)) return Parse::general;
             f.kind = h.kind;
             f.id = h.id;
             f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
@@ -139,7 +134,23 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         rbeg = 0;
     }
     return Parse::more;
-  }
+}
+
+bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {
+    constexpr std::size_t whole = kFrameHeaderSize + kReleaseMetaLen;
+    while (rend - rbeg >= whole && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(kReleaseFrame)) {
+        const std::uint8_t* p = rbuf.data() + rbeg;
+        FrameHeader h;
+        std::string_view name;
+        // Anything but a well-formed release is left to the frame parser, which says what is wrong.
+        if (!peek_frame_header(p, limits, h) || !decode_small_meta({p + kFrameHeaderSize, kReleaseMetaLen}, limits, name) ||
+            !name.empty())
+            return true;
+        rbeg += whole;
+        if (!take_release(h.id, err)) return false;
+    }
+    if (rbeg == rend) rbeg = rend = 0;
+    return true;
 }
 
 bool ConnectionState::take_release(std::uint64_t id, std::optional<Error>& err) {

@@ -141,6 +141,9 @@ struct ConnectionState {
     /// Drops our hold `id` on the peer's release; false (and `err`, the connection broken) when no
     /// such hold exists.
     bool take_release(std::uint64_t id, std::optional<Error>& err);
+    /// Handles the whole release frames at the front of the read buffer (parse_view's first step);
+    /// false on a bad one (see take_release).
+    bool take_buffered_releases(std::optional<Error>& err);
 
     /// Whether the next read must look at the socket at once even if the last one drained it (a
     /// FIN or reset that came with those bytes has spent its readiness edge): a frame (or the
