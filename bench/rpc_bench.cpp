@@ -1,7 +1,10 @@
 // rpc_bench: latency, calls/s and tensor bandwidth of the native agent between two local worker
 // processes, beside the same measures over plain sockets; prints one JSON object.
 //
-// Usage: rpc_bench [--transport uv|uds|shm] [--pin same|cross|none] [--iters N] [--calls N] [--blocks N] [--quick]
+// Usage: rpc_bench [--transport uv|uds|shm] [--channel basic|cma] [--pin same|cross|none] [--iters N] [--calls N]
+//                  [--blocks N] [--quick] [--idle S]
+//   --channel: what both workers are restricted to (`_channels`); baseline.cma_gbps_64mib is a plain
+//   process_vm_readv of 64 MiB into a pre-faulted buffer between two processes, from the same run.
 //   --transport: what both workers are restricted to (`_transports`); the baseline's plain sockets
 //   are TCP loopback for uv and Unix stream sockets (abstract namespace) for uds and shm; for shm
 //   baseline.shm_spin_p50_us is a plain spinning shared-memory ping-pong (same_host_baselines.hpp).
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
         };
         if (a == "--pin") cfg.pin = next();
         else if (a == "--transport") cfg.transport = next();
+        else if (a == "--channel") cfg.channel = next();
         else if (a == "--iters") cfg.iters = std::stoi(next());
         else if (a == "--calls") cfg.calls = std::stol(next());
         else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
@@ -107,8 +111,8 @@ int main(int argc, char** argv) {
             cfg.reps_64mib = 2;
             cfg.idle_s = 2;
         } else {
-            std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds|shm] [--pin same|cross|none] [--iters N] [--calls N] "
-                                 "[--blocks N] [--quick] [--idle S]\n");
+            std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds|shm] [--channel basic|cma] [--pin same|cross|none] "
+                                 "[--iters N] [--calls N] [--blocks N] [--quick] [--idle S]\n");
             return 2;
         }
     }
@@ -121,12 +125,18 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "rpc_bench: --transport must be uv, uds or shm\n");
         return 2;
     }
+    if (cfg.channel != "basic" && cfg.channel != "cma") {
+        std::fprintf(stderr, "rpc_bench: --channel must be basic or cma\n");
+        return 2;
+    }
     bench::plain::use_unix() = cfg.transport != "uv";
     bench::rpc_detail::transport_choice() = cfg.transport;
+    bench::rpc_detail::channel_choice() = cfg.channel;
 
     auto base = run_baseline(cfg);
     // (-1: not measured; for shm, a plain spinning ring between two processes pinned as ours)
     const double shm_spin_p50 = cfg.transport == "shm" ? bench::same_host::shm_spin_p50_us(caller_cpu(cfg), callee_cpu(cfg)) : -1.0;
+    const double cma_gbps = bench::same_host::cma_gbps_64mib(caller_cpu(cfg), callee_cpu(cfg));
     bench::RpcConfig rc{cfg.iters, cfg.calls, cfg.reps_1mib, cfg.reps_64mib, caller_cpu(cfg), callee_cpu(cfg), cfg.latency_blocks,
                         cfg.idle_s};
     auto ours = bench::run_rpc(rc);
@@ -141,6 +151,7 @@ int main(int argc, char** argv) {
     std::printf(",\n  \"baseline\": {");
     print_object(base, "    ");
     std::printf(",\n    \"shm_spin_p50_us\": %.6g", shm_spin_p50);
+    std::printf(",\n    \"cma_gbps_64mib\": %.6g", cma_gbps);
     std::printf("\n  },\n  \"ratio\": {");
     bool first = true;
     for (const char* k : keys) {
@@ -154,6 +165,8 @@ int main(int argc, char** argv) {
     if (ours.count("p50_us") && base.count("p50_us") && base["p50_us"] > 0)
         std::printf(",\n    \"p50_us_pooled\": %.3f", ours["p50_us"] / base["p50_us"]);
     if (ours.count("p50_us") && shm_spin_p50 > 0) std::printf(",\n    \"p50_us_over_shm_spin\": %.3f", ours["p50_us"] / shm_spin_p50);
+    // The 64 MiB echo against one plain process_vm_readv (each direction of the echo is one read).
+    if (ours.count("gbps_64mib") && cma_gbps > 0) std::printf(",\n    \"gbps_64mib_vs_cma\": %.3f", ours["gbps_64mib"] / cma_gbps);
     std::printf("\n  },\n  \"transport\": \"%s\",\n  \"channel\": \"%s\",\n  \"baseline_socket\": \"%s\",\n  \"pin\": \"%s\",\n  \"ok\": %s\n}\n",
                 cfg.transport.c_str(), cfg.channel.c_str(), bench::plain::use_unix() ? "unix" : "tcp", cfg.pin.c_str(),
                 (ours.count("failed") || base.count("failed")) ? "false" : "true");

@@ -42,10 +42,17 @@ inline std::string& transport_choice() {
     return t;
 }
 
+/// The channel both workers are restricted to (rpc_bench --channel), set before they fork.
+inline std::string& channel_choice() {
+    static std::string c = "basic";
+    return c;
+}
+
 inline std::shared_ptr<TensorPipeRpcBackendOptions> options() {
     auto o = std::make_shared<TensorPipeRpcBackendOptions>();
     o->listen_address = "127.0.0.1";
     o->transports = std::vector<std::string>{transport_choice()};
+    o->channels = std::vector<std::string>{channel_choice()};
     o->num_worker_threads = 1;
     o->rpc_timeout = 120;
     return o;

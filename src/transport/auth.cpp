@@ -28,7 +28,7 @@ void put_hello(WireWriter& w, const HelloInfo& h) {
     w.u32(static_cast<std::uint32_t>(h.transports.size()));
     for (const auto& t : h.transports) w.str32(t.name).str32(t.domain).str32(t.address);
     w.u32(static_cast<std::uint32_t>(h.channels.size()));
-    for (const auto& c : h.channels) w.str32(c.name).str32(c.device_type).str32(c.domain);
+    for (const auto& c : h.channels) w.str32(c.name).str32(c.device_type).str32(c.domain).str32(c.params);
 }
 }  // namespace
 

@@ -316,6 +316,7 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         s->peer = std::move(*peer);
         if (s->negotiated.transport == s->transport) {
             s->allocator = default_allocate;
+            s->channels = ChannelTable(s->negotiated, true, s->peer);
             co_return s;
         }
         s->close(std::nullopt);  // (negotiation only: the chosen transport carries the frames)
@@ -418,6 +419,7 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(detail::Stream stre
         co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
     }
     s->allocator = detail::default_allocate;
+    s->channels = detail::ChannelTable(s->negotiated, false, s->peer);
     detail::start_connection(s);
     co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
 }
@@ -468,6 +470,47 @@ Result<void> basic_channel_carries(const std::vector<Tensor>& tensors) {
 }
 }  // namespace
 
+namespace {
+/// The channel seam on the sending side: when some tensor's pair chose cma and it is large enough,
+/// the frame goes by reference: those tensors are held (until the peer's release or the close)
+/// and their bytes not written; the others go inline. Nothing (the caller sends as basic) when
+/// every tensor goes inline.
+std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameKind kind, std::uint64_t id,
+                                              std::string_view name, Bytes& payload, std::vector<Tensor>& tensors,
+                                              std::span<const Device> targets, bool flush) {
+    std::vector<std::uint8_t> by_ref(tensors.size(), 0);
+    bool any = false;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Device target = i < targets.size() ? targets[i] : tensors[i].device();
+        by_ref[i] = tensors[i].defined() && s.channels.by_reference(tensors[i], target) ? 1 : 0;
+        any = any || by_ref[i];
+    }
+    if (!any) return std::nullopt;
+    const std::uint64_t hold = s.next_hold++;
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}};
+    parts.hold = hold;
+    parts.by_ref = by_ref;
+    Bytes head;
+    bool inl = false;
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    std::vector<Tensor> held, written;
+    for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
+    s.stats.cma_sent += held.size();
+    s.holds.emplace(hold, std::move(held));
+    s.stats.cma_held = s.holds.size();
+    const bool was_empty = s.queue.empty();
+    s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});
+    if (flush && !s.writing && s.queue_written == 0) {
+        s.flush_now();
+        if (!s.open) return fail(s.closed_error());
+    } else if (was_empty) {
+        s.wake.cancel();
+    }
+    return ok();
+}
+}  // namespace
+
 Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                               std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
     auto& s = *state_;
@@ -475,7 +518,10 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
     if (!tensors.empty())
         if (auto c = basic_channel_carries(tensors); !c) return c;
     ++s.sends;
-    const detail::FrameParts parts{kind, id, name, payload, tensors, targets};
+    if (s.channels.peer_pid() > 0 && !tensors.empty()) {
+        if (auto by_ref = send_by_reference(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
+    }
+    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}};
     bool inl = false;
     // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
     // buffer; only a rest the socket does not take is queued for the writer.

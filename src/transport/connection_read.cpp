@@ -116,6 +116,7 @@ Task<Result<void>> ConnectionState::skip(std::size_t n) {
 /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
 /// read_general's path.
 ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<Error>& err) {
+    if (!take_buffered_releases(err)) return Parse::bad;
     const std::size_t avail = rend - rbeg;
     std::size_t need = kFrameHeaderSize;
     if (avail >= kFrameHeaderSize) {
@@ -132,7 +133,8 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         if (avail >= need) {
             const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
             // Tensors, or malformed metadata: read_general decodes it and says which.
-            if (!decode_small_meta(meta, limits, f.name)) return Parse::general;
+            // (A whole release here has a bad block: read_general says so.)
+            if (h.flags != 0 || h.kind == kReleaseFrame || !decode_small_meta(meta, limits, f.name)) return Parse::general;
             f.kind = h.kind;
             f.id = h.id;
             f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
@@ -148,6 +150,43 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         rbeg = 0;
     }
     return Parse::more;
+}
+
+bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {
+    constexpr std::size_t whole = kFrameHeaderSize + kReleaseMetaLen;
+    while (rend - rbeg >= whole && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(kReleaseFrame)) {
+        const std::uint8_t* p = rbuf.data() + rbeg;
+        FrameHeader h;
+        std::string_view name;
+        // Anything but a well-formed release is left to the frame parser, which says what is wrong.
+        if (!peek_frame_header(p, limits, h) || !decode_small_meta({p + kFrameHeaderSize, kReleaseMetaLen}, limits, name) ||
+            !name.empty())
+            return true;
+        rbeg += whole;
+        if (!take_release(h.id, err)) return false;
+    }
+    if (rbeg == rend) rbeg = rend = 0;
+    return true;
+}
+
+bool ConnectionState::take_release(std::uint64_t id, std::optional<Error>& err) {
+    if (holds.erase(id) == 0) {
+        err = broken(Error(Errc::protocol_error,
+                           "frame from " + who() + " releases hold " + std::to_string(id) + ", which we do not hold",
+                           peer.name));
+        return false;
+    }
+    stats.cma_held = holds.size();
+    return true;
+}
+
+void ConnectionState::send_release(std::uint64_t hold) {
+    if (!open) return;
+    ++sends;
+    const bool was_empty = queue.empty();
+    queue.push_back(OutFrame{encode_release(hold), {}, {}});
+    // The writer writes it after this turn, unless a frame flushed meanwhile (a reply) takes it along.
+    if (was_empty && !writing) wake.cancel();
 }
 
 /// parse_view, into a Frame.
@@ -310,9 +349,20 @@ Task<Result<Frame>> ConnectionState::read_general() {
     rbeg += kFrameHeaderSize;
     if (rend - rbeg < h->meta_len)
         if (auto r = co_await fill(h->meta_len); !r) co_return fail(r.error());
-    auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits);
+    auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits, h->flags);
     if (!meta) co_return fail(broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name)));
     rbeg += h->meta_len;
+    if (h->kind == kReleaseFrame)
+        co_return fail(broken(Error(Errc::protocol_error, "release frame from " + who() + " names a handler or tensors", peer.name)));
+    // A tensor by reference must be of a pair whose channel is cma (we hold the peer's pid then).
+    for (std::size_t i = 0; i < meta->remote.size(); ++i)
+        if (meta->remote[i] != 0 && (channels.peer_pid() <= 0 ||
+                                     channels.receive_kind(meta->tensors[i].source, meta->tensors[i].target) != ChannelKind::cma))
+            co_return fail(broken(Error(Errc::protocol_error,
+                                        "frame from " + who() + " sends tensor " + std::to_string(i) + " from " +
+                                            meta->tensors[i].source.str() + " to " + meta->tensors[i].target.str() +
+                                            " by reference, but that pair did not choose cma",
+                                        peer.name)));
     {
         std::uint64_t total = h->payload_len;  // (each is bounded by its own limit: no overflow)
         for (const auto& d : meta->tensors) total += d.nbytes;
@@ -330,11 +380,15 @@ Task<Result<Frame>> ConnectionState::read_general() {
     f.name = std::move(meta->name);
     if (auto r = co_await read_payload(f, h->payload_len, guard.held); !r) co_return fail(r.error());
     f.tensors.reserve(meta->tensors.size());
-    for (auto& desc : meta->tensors) {
+    for (std::size_t i = 0; i < meta->tensors.size(); ++i) {
+        const TensorDesc& desc = meta->tensors[i];
+        // Bytes by reference (cma) are not on the stream: nothing to skip.
+        const std::uint64_t remote = i < meta->remote.size() ? meta->remote[i] : 0;
+        const std::size_t on_stream = remote != 0 ? 0 : desc.nbytes;
         // Once one part of the frame is refused, the rest is read and dropped: the frame is
         // answered with that error.
         if (f.alloc_error) {
-            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
+            if (auto r = co_await skip(on_stream); !r) co_return fail(r.error());
             continue;
         }
         Result<Tensor> t;
@@ -351,12 +405,25 @@ Task<Result<Frame>> ConnectionState::read_general() {
         }
         if (!t) {
             if (!f.alloc_error) f.alloc_error = std::move(t).error();
-            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
+            if (auto r = co_await skip(on_stream); !r) co_return fail(r.error());
             continue;
         }
-        if (auto r = co_await read_into(t->data(), desc.nbytes); !r) co_return fail(r.error());
+        if (remote != 0) {
+            // cma: straight from the sender's memory into the destination (a CPU tensor: the pair
+            // is cpu -> cpu). A failure (the peer's memory or process went away) fails this frame
+            // only: the stream is intact, and the release below tells the sender to drop it.
+            if (auto r = cma::read(channels.peer_pid(), remote, desc.nbytes, t->data()); !r) {
+                f.alloc_error = std::move(r).error().context("reading tensor " + std::to_string(i) + " from " + who() + " by cma")
+                                    .on_worker(peer.name);
+                continue;
+            }
+            ++stats.cma_received;
+        } else if (auto r = co_await read_into(t->data(), desc.nbytes); !r) {
+            co_return fail(r.error());
+        }
         f.tensors.push_back(std::move(*t));
     }
+    if (meta->hold != 0) send_release(meta->hold);
     ++stats.frames_received;
     co_return f;
 }

@@ -4,6 +4,7 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/channel.hpp"
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
@@ -17,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -91,6 +93,11 @@ struct ConnectionState {
     HandshakeAuth auth;  ///< during the handshake only
     std::string endpoint;
     TensorAllocator allocator;
+    /// Which channel carries each tensor's bytes (set when the handshake is done).
+    ChannelTable channels;
+    /// Tensors the peer reads from our memory (cma), per hold, until its release frame or the close.
+    std::unordered_map<std::uint64_t, std::vector<Tensor>> holds;
+    std::uint64_t next_hold = 1;
 
     ReadBuffer rbuf;
     std::size_t rbeg = 0, rend = 0;
@@ -135,7 +142,19 @@ struct ConnectionState {
         if (shm) shm->close();
         wake.cancel();
         watchdog.cancel();
+        holds.clear();  // (the peer can no longer read them: cma reads need the connection's hold)
+        stats.cma_held = 0;
     }
+
+    /// Queues a release frame for `hold` (the peer's tensors were read by cma): written with the
+    /// next frame this turn sends, or by the writer.
+    void send_release(std::uint64_t hold);
+    /// Drops our hold `id` on the peer's release; false (and `err`, the connection broken) when no
+    /// such hold exists.
+    bool take_release(std::uint64_t id, std::optional<Error>& err);
+    /// Handles the whole release frames at the front of the read buffer (parse_view's first step);
+    /// false on a bad one (see take_release).
+    bool take_buffered_releases(std::optional<Error>& err);
 
     /// Whether the next read must look at the socket at once even if the last one drained it (a
     /// FIN or reset that came with those bytes has spent its readiness edge): a frame (or the

@@ -51,8 +51,8 @@ struct Put {
     Put& device(Device d) { return le(static_cast<std::uint8_t>(d.type)).le(static_cast<std::uint16_t>(static_cast<std::int16_t>(d.index))); }
 };
 
-/// Bytes of one tensor descriptor on the wire.
-std::size_t desc_size(const Tensor& t) { return 1 + 3 + 3 + 1 + 8 * t.shape().size() + 8; }
+/// Bytes of one tensor descriptor on the wire (and its address when the frame goes by reference).
+std::size_t desc_size(const Tensor& t, bool refs) { return 1 + 3 + 3 + 1 + 8 * t.shape().size() + 8 + (refs ? 8 : 0); }
 
 }  // namespace
 
@@ -66,7 +66,8 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
     if (frame.payload.size() > limits.max_payload_bytes)
         return fail(Errc::invalid_argument, "payload of " + std::to_string(frame.payload.size()) +
                                                 " bytes exceeds the limit of " + std::to_string(limits.max_payload_bytes));
-    std::size_t meta_len = 4 + frame.name.size() + 4;
+    const bool refs = frame.hold != 0;
+    std::size_t meta_len = 4 + frame.name.size() + 4 + (refs ? 8 : 0);
     std::size_t total = 0;
     for (std::size_t i = 0; i < frame.tensors.size(); ++i) {
         const Tensor& t = frame.tensors[i];
@@ -77,7 +78,7 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
         if (t.nbytes() > limits.max_tensor_bytes || total + t.nbytes() > limits.max_tensor_bytes)
             return fail(Errc::invalid_argument, "tensor bytes exceed the limit of " + std::to_string(limits.max_tensor_bytes));
         total += t.nbytes();
-        meta_len += desc_size(t);
+        meta_len += desc_size(t, refs);
     }
     if (meta_len > limits.max_meta_bytes)
         return fail(Errc::invalid_argument, "frame metadata of " + std::to_string(meta_len) +
@@ -85,7 +86,7 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
     payload_inline = frame.payload.size() <= kInlinePayloadMax;
     out.resize(kFrameHeaderSize + meta_len + (payload_inline ? frame.payload.size() : 0));
     Put w{out.data()};
-    w.le(kFrameMarker).le(static_cast<std::uint8_t>(frame.kind)).le(std::uint8_t{0});
+    w.le(kFrameMarker).le(static_cast<std::uint8_t>(frame.kind)).le(refs ? kFrameByReference : std::uint8_t{0});
     w.le(static_cast<std::uint32_t>(meta_len)).le(frame.id).le(static_cast<std::uint64_t>(frame.payload.size()));
     w.le(static_cast<std::uint32_t>(frame.name.size())).raw(frame.name.data(), frame.name.size());
     w.le(static_cast<std::uint32_t>(frame.tensors.size()));
@@ -95,19 +96,43 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
         w.le(static_cast<std::uint8_t>(t.shape().size()));
         for (auto d : t.shape()) w.le(static_cast<std::uint64_t>(d));
         w.le(static_cast<std::uint64_t>(t.nbytes()));
+        if (refs) {
+            const bool ref = i < frame.by_ref.size() && frame.by_ref[i];
+            w.le(ref ? static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.data())) : std::uint64_t{0});
+        }
     }
+    if (refs) w.le(frame.hold);
     if (payload_inline) w.raw(frame.payload.data(), frame.payload.size());
     return ok();
 }
 
+Bytes encode_release(std::uint64_t hold) {
+    Bytes out(kFrameHeaderSize + kReleaseMetaLen);
+    Put w{out.data()};
+    w.le(kFrameMarker).le(static_cast<std::uint8_t>(kReleaseFrame)).le(std::uint8_t{0});
+    w.le(kReleaseMetaLen).le(hold).le(std::uint64_t{0});
+    w.le(std::uint32_t{0}).le(std::uint32_t{0});
+    return out;
+}
+
+namespace {
+/// A head's kind and flags together: requests, responses and errors may go by reference; a
+/// release is always its fixed shape.
+bool kind_fits(std::uint8_t kind, std::uint8_t flags, std::uint32_t meta_len, std::uint64_t payload_len) noexcept {
+    if (kind == static_cast<std::uint8_t>(kReleaseFrame)) return flags == 0 && meta_len == kReleaseMetaLen && payload_len == 0;
+    return kind >= 1 && kind <= 3 && (flags & ~kFrameByReference) == 0;
+}
+}  // namespace
+
 bool peek_frame_header(const std::uint8_t* p, const ConnectionLimits& limits, FrameHeader& h) noexcept {
     const auto kind = p[2];
+    h.flags = p[3];
     h.meta_len = load_le<std::uint32_t>(p + 4);
     h.id = load_le<std::uint64_t>(p + 8);
     h.payload_len = load_le<std::uint64_t>(p + 16);
     h.kind = static_cast<FrameKind>(kind);
-    return load_le<std::uint16_t>(p) == kFrameMarker && kind >= 1 && kind <= 3 && h.meta_len <= limits.max_meta_bytes &&
-           h.payload_len <= limits.max_payload_bytes;
+    return load_le<std::uint16_t>(p) == kFrameMarker && kind_fits(kind, h.flags, h.meta_len, h.payload_len) &&
+           h.meta_len <= limits.max_meta_bytes && h.payload_len <= limits.max_payload_bytes;
 }
 
 Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
@@ -119,8 +144,12 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
     // What is wrong with it, in the order a reader would notice.
     if (const auto marker = load_le<std::uint16_t>(bytes.data()); marker != kFrameMarker)
         return fail(Errc::protocol_error, "bad frame marker 0x" + std::to_string(marker) + " (garbage on the stream?)");
-    if (const auto kind = bytes[2]; kind < 1 || kind > 3)
+    if (const auto kind = bytes[2]; kind < 1 || kind > 4)
         return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
+    if (!kind_fits(bytes[2], h.flags, h.meta_len, h.payload_len))
+        return fail(Errc::protocol_error, "frame of kind " + std::to_string(bytes[2]) + " with flags " + std::to_string(h.flags) +
+                                              (bytes[2] == 4 ? " is not a release (flags 0, 8 bytes of metadata, no payload)"
+                                                             : " names unknown flags"));
     if (h.meta_len > limits.max_meta_bytes)
         return fail(Errc::protocol_error, "frame metadata length " + std::to_string(h.meta_len) +
                                               " exceeds the limit of " + std::to_string(limits.max_meta_bytes));
@@ -138,9 +167,10 @@ bool decode_small_meta(std::span<const std::uint8_t> bytes, const ConnectionLimi
     return true;
 }
 
-Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits) {
+Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits, std::uint8_t flags) {
     FrameMeta m;
-    if (std::string_view name; decode_small_meta(bytes, limits, name)) {
+    const bool refs = (flags & kFrameByReference) != 0;
+    if (std::string_view name; !refs && decode_small_meta(bytes, limits, name)) {
         m.name = name;
         return m;
     }
@@ -189,7 +219,20 @@ Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const C
             return fail(Errc::protocol_error, "tensor bytes in one frame exceed the limit of " +
                                                   std::to_string(limits.max_tensor_bytes));
         total += d.nbytes;
+        if (refs) {
+            const auto addr = r.u64();
+            if (r.failed()) break;
+            // (Bounded by the announced nbytes, which the limits bound: the range must not wrap.)
+            if (addr != 0 && (d.nbytes == 0 || addr > std::numeric_limits<std::uint64_t>::max() - d.nbytes))
+                return fail(Errc::protocol_error, "tensor " + std::to_string(i) + " announces a remote range of " +
+                                                      std::to_string(d.nbytes) + " bytes at an impossible address");
+            m.remote.push_back(addr);
+        }
         m.tensors.push_back(std::move(d));
+    }
+    if (refs) {
+        m.hold = r.u64();
+        if (!r.failed() && m.hold == 0) return fail(Errc::protocol_error, "frame by reference names hold 0");
     }
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding frame metadata"));
     return m;
@@ -202,7 +245,7 @@ Bytes encode_hello(const Hello& hello, std::uint32_t magic, std::uint16_t versio
     w.u32(static_cast<std::uint32_t>(hello.info.transports.size()));
     for (auto& t : hello.info.transports) w.str32(t.name).str32(t.domain).str32(t.address);
     w.u32(static_cast<std::uint32_t>(hello.info.channels.size()));
-    for (auto& c : hello.info.channels) w.str32(c.name).str32(c.device_type).str32(c.domain);
+    for (auto& c : hello.info.channels) w.str32(c.name).str32(c.device_type).str32(c.domain).str32(c.params);
     w.u8(static_cast<std::uint8_t>(hello.auth));
     if (hello.auth == HelloAuth::hmac_sha256) w.raw(hello.nonce);
     w.u8(static_cast<std::uint8_t>(hello.step));
@@ -273,6 +316,7 @@ Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const Conne
         c.name = std::string(r.str32(kMaxOfferField, "channel name"));
         c.device_type = std::string(r.str32(kMaxOfferField, "channel device type"));
         c.domain = std::string(r.str32(kMaxOfferField, "channel domain"));
+        c.params = std::string(r.str32(kMaxChannelParamsField, "channel parameters"));
         h.channels.push_back(std::move(c));
     }
     const auto auth = r.u8();
@@ -322,12 +366,14 @@ Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const Conne
 Bytes encode_auth_record(const AuthRecord& record) {
     WireWriter w;
     const std::string_view reason = std::string_view(record.reason).substr(0, kMaxRefusalReason);
-    const std::size_t len = record.kind == AuthRecordKind::proof     ? record.proof.size()
-                            : record.kind == AuthRecordKind::refused ? reason.size()
-                                                                     : 0;
+    const std::size_t len = record.kind == AuthRecordKind::proof      ? record.proof.size()
+                            : record.kind == AuthRecordKind::refused  ? reason.size()
+                            : record.kind == AuthRecordKind::channels ? 1
+                                                                      : 0;
     w.u8(static_cast<std::uint8_t>(record.kind)).u8(0).u16(static_cast<std::uint16_t>(len));
     if (record.kind == AuthRecordKind::proof) w.raw(record.proof);
     if (record.kind == AuthRecordKind::refused) w.raw(reason);
+    if (record.kind == AuthRecordKind::channels) w.u8(record.readable ? 1 : 0);
     return std::move(w).take();
 }
 
@@ -345,6 +391,9 @@ Result<std::size_t> decode_auth_record_header(std::span<const std::uint8_t> head
         return len;
     case static_cast<std::uint8_t>(AuthRecordKind::refused):
         if (len > kMaxRefusalReason) break;
+        return len;
+    case static_cast<std::uint8_t>(AuthRecordKind::channels):
+        if (len != 1) break;
         return len;
     default:
         return fail(Errc::protocol_error, "unknown handshake record kind " + std::to_string(kind));
@@ -364,6 +413,10 @@ Result<AuthRecord> decode_auth_record(std::span<const std::uint8_t> bytes) {
     const auto body = bytes.subspan(kAuthRecordHeaderSize);
     if (rec.kind == AuthRecordKind::proof) std::memcpy(rec.proof.data(), body.data(), body.size());
     if (rec.kind == AuthRecordKind::refused) rec.reason.assign(reinterpret_cast<const char*>(body.data()), body.size());
+    if (rec.kind == AuthRecordKind::channels) {
+        if (body[0] > 1) return fail(Errc::protocol_error, "channel verdict " + std::to_string(body[0]) + " (0 or 1)");
+        rec.readable = body[0] == 1;
+    }
     return rec;
 }
 

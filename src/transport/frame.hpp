@@ -18,8 +18,18 @@ inline constexpr std::size_t kMaxHelloBody = 64 * 1024;
 /// Payloads up to this size are appended to the frame's head block (one iovec per frame).
 inline constexpr std::size_t kInlinePayloadMax = 1024;
 
+/// Frame head flag: the tensor descriptors carry each a u64 address in the sender's memory (0: the
+/// bytes follow inline) and the metadata ends with the u64 hold the receiver releases (cma).
+inline constexpr std::uint8_t kFrameByReference = 0x01;
+/// A frame kind the connection handles itself, never handed on: the receiver has read the tensors
+/// of the sender's hold `id` (cma) and the sender may drop them. Empty name, no tensors, no payload.
+inline constexpr FrameKind kReleaseFrame = static_cast<FrameKind>(4);
+/// A release frame's metadata: an empty name and no tensors.
+inline constexpr std::uint32_t kReleaseMetaLen = 8;
+
 struct FrameHeader {
     FrameKind kind = FrameKind::request;
+    std::uint8_t flags = 0;
     std::uint32_t meta_len = 0;
     std::uint64_t id = 0;
     std::uint64_t payload_len = 0;
@@ -28,6 +38,9 @@ struct FrameHeader {
 struct FrameMeta {
     std::string name;
     std::vector<TensorDesc> tensors;
+    /// With kFrameByReference: per tensor its address in the sender (0: inline), and the hold.
+    std::vector<std::uint64_t> remote;
+    std::uint64_t hold = 0;
 };
 
 /// What encode_frame_head reads of a frame to send (views: no Frame need be built).
@@ -38,6 +51,10 @@ struct FrameParts {
     std::span<const std::uint8_t> payload;
     std::span<const Tensor> tensors;
     std::span<const Device> targets;  ///< where tensor i lands (missing entries: its own device)
+    /// Nonzero: the frame goes by reference (kFrameByReference) under this hold; `by_ref[i]` says
+    /// which tensors the peer reads from our memory (their bytes are not written).
+    std::uint64_t hold = 0;
+    std::span<const std::uint8_t> by_ref;
 };
 
 /// Encodes header + meta (+ the payload when it is small: `payload_inline` says so) into `out`
@@ -46,7 +63,7 @@ struct FrameParts {
                                              bool& payload_inline);
 [[nodiscard]] inline Result<void> encode_frame_head(const Frame& f, const ConnectionLimits& limits, Bytes& out,
                                                     bool& payload_inline) {
-    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets}, limits, out, payload_inline);
+    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets, 0, {}}, limits, out, payload_inline);
 }
 /// The common metadata block, read without allocating: a name and no tensors. False when the
 /// block is anything else (decode_frame_meta then says what it is).
@@ -56,7 +73,10 @@ struct FrameParts {
 /// As decode_frame_header for the kFrameHeaderSize bytes at `p`, without building an error: false
 /// when they are not a valid header (decode_frame_header then says why). For the read loop.
 [[nodiscard]] bool peek_frame_header(const std::uint8_t* p, const ConnectionLimits& limits, FrameHeader& h) noexcept;
-[[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
+[[nodiscard]] Result<FrameMeta> decode_frame_meta(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits,
+                                                 std::uint8_t flags = 0);
+/// A release frame (kReleaseFrame) for `hold`.
+[[nodiscard]] Bytes encode_release(std::uint64_t hold);
 
 /// How a hello's sender authenticates (docs/protocol.md, "Handshake").
 enum class HelloAuth : std::uint8_t {
@@ -79,10 +99,11 @@ inline constexpr std::uint32_t kMaxHelloTransports = 16;
 inline constexpr std::uint32_t kMaxHelloChannels = 64;
 inline constexpr std::uint32_t kMaxAnswerChannels = 256;
 inline constexpr std::size_t kMaxOfferField = 256;  ///< a name, domain, address or device type
+inline constexpr std::size_t kMaxChannelParamsField = 1024;  ///< a channel offer's parameters
 
 /// A hello as it is on the wire: what the side says about itself (with its transport and channel
 /// offers), how it authenticates, from the server the step the handshake is at and, unless it
-/// refuses, the negotiation's answer (version 3).
+/// refuses, the negotiation's answer (version 4).
 struct Hello {
     HelloInfo info;
     HelloAuth auth = HelloAuth::none;
@@ -104,17 +125,20 @@ struct HelloPrefix {
     std::uint32_t body_len = 0;
 };
 [[nodiscard]] Result<HelloPrefix> decode_hello_prefix(std::span<const std::uint8_t> bytes);
-/// Decodes a version-3 hello body. Errc::protocol_error for anything malformed or unknown.
+/// Decodes a version-4 hello body. Errc::protocol_error for anything malformed or unknown.
 [[nodiscard]] Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const ConnectionLimits& limits);
 
 /// What follows the hellos in an authenticated handshake: the client's proof (or its refusal of
 /// the server's), then the server's verdict. Header: u8 kind, u8 0, u16 body length.
-enum class AuthRecordKind : std::uint8_t { proof = 1, accepted = 2, refused = 3 };
+/// `channels` (body: u8 1 or 0): the client's verdict on a cma answer, whether it can read the
+/// server's memory (0: the pairs that chose cma use the next channel; docs/protocol.md, "Channels").
+enum class AuthRecordKind : std::uint8_t { proof = 1, accepted = 2, refused = 3, channels = 4 };
 inline constexpr std::size_t kAuthRecordHeaderSize = 4;
 struct AuthRecord {
     AuthRecordKind kind = AuthRecordKind::accepted;
     std::array<std::uint8_t, 32> proof{};  ///< kind proof
     std::string reason;                    ///< kind refused
+    bool readable = false;                 ///< kind channels
 };
 [[nodiscard]] Bytes encode_auth_record(const AuthRecord& record);
 /// The body length the header at `header` (kAuthRecordHeaderSize bytes) announces, checked

@@ -134,7 +134,12 @@ void log_unbuilt_once(const std::string& name, const Error& why) {
 
 std::span<const std::string_view> known_transports() noexcept { return kTransports; }
 std::span<const std::string_view> known_channels() noexcept { return kChannels; }
-bool channel_available(std::string_view name) noexcept { return name == "basic"; }
+bool channel_available(std::string_view name) noexcept {
+#if defined(__linux__)
+    if (name == "cma") return true;  // (viability is decided per peer at connection setup)
+#endif
+    return name == "basic";
+}
 
 Result<void> check_transport_names(std::span<const std::string> names) {
     for (const auto& n : names) {
@@ -211,7 +216,7 @@ Result<std::vector<std::string>> select_channels(const std::optional<std::vector
         if (out.empty()) {
             std::string asked;
             for (const auto& n : *wanted) asked += (asked.empty() ? "" : ", ") + n;
-            return fail(Errc::not_supported, "none of the _channels [" + asked + "] is available in this agent (available: basic)");
+            return fail(Errc::not_supported, "none of the _channels [" + asked + "] is available in this agent (available: cma, basic)");
         }
         return out;
     }

@@ -51,15 +51,16 @@ write("frame_meta", {
     "empty_dims": meta("", [tensor(5, CPU, CPU, [0, 5], 0), tensor(0, CPU, CPU, [1, 1, 1, 7], 7)]),
 })
 
-# ---- handshake (docs/protocol.md, "Handshake", version 3): u32 magic "TRPC", u16 version, u16 flags,
+# ---- handshake (docs/protocol.md, "Handshake", version 4): u32 magic "TRPC", u16 version, u16 flags,
 # u32 body_len; body: str32 name, i32 rank, u32 n transport offers {str32 name, domain, address},
-# u32 n channel offers {str32 name, device type, domain}, u8 auth [32-byte nonce], u8 step
+# u32 n channel offers {str32 name, device type, domain, params}, u8 auth [32-byte nonce], u8 step
 # [str32 reason | 32-byte proof], u8 answer flag [str32 transport, str32 address, u32 n
 # {str32 client device type, str32 server device type, str32 channel}]
-def hello(name, rank, transports, channels, version=3, auth=False, step=0, reason="", answer=None):
+def hello(name, rank, transports, channels, version=4, auth=False, step=0, reason="", answer=None):
     body = str32(name) + i32(rank) + u32(len(transports))
     body += b"".join(str32(n) + str32(d) + str32(a) for n, d, a in transports)
-    body += u32(len(channels)) + b"".join(str32(n) + str32(t) + str32(d) for n, t, d in channels)
+    body += u32(len(channels)) + b"".join(str32(c[0]) + str32(c[1]) + str32(c[2]) + str32(c[3] if len(c) > 3 else "")
+                                          for c in channels)
     body += bytes([1]) + bytes(range(32)) if auth else bytes([0])
     body += bytes([step])
     if step == 2: body += str32(reason)
@@ -83,7 +84,8 @@ write("hello", {
                                 answer=("uv", "tcp://10.0.0.2:1", [("cpu", "cpu", "basic")])),
     "refusal": hello("w", 2, [], [], step=2, reason="worker \"x\" is not in this group"),
     "no_rank": hello("", -1, [], []),
-    "old_version": hello("w", 3, [("uv", "uv", "")], BASIC, version=2),
+    "old_version": hello("w", 3, [("uv", "uv", "")], BASIC, version=3),
+    "cma_offer": hello("w", 4, [("uv", "uv", "")], [("cma", "cpu", "cma:boot/pid:[1]/user:[2]", "\x01params"), BASIC[0]]),
 })
 
 # ---- c10d requests: a type byte, then u64-length strings, u64 counts, i64 deltas, u32 nonces.

@@ -55,7 +55,7 @@ Bytes uds_hello() {
     return detail::encode_hello(h);
 }
 
-TEST_CASE("by default two workers on one host negotiate shm and the basic channel", "[rpc][agent][negotiation]") {
+TEST_CASE("by default two workers on one host negotiate shm and the cma channel", "[rpc][agent][negotiation]") {
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
         test::register_echo(g);
@@ -68,7 +68,7 @@ TEST_CASE("by default two workers on one host negotiate shm and the basic channe
         REQUIRE(info);
         REQUIRE(info->peers.size() == 1);
         CHECK(info->peers[0].transport == "shm");
-        CHECK(info->peers[0].channel == "cpu->cpu:basic");
+        CHECK(info->peers[0].channel == "cpu->cpu:cma");
         // Every listener is published, highest priority first.
         auto urls = g[1]->listen_urls();
         REQUIRE(urls.size() == 3);
@@ -124,6 +124,65 @@ TEST_CASE("an idle shm connection sleeps on its doorbell instead of spinning", "
         REQUIRE(r);
         CHECK(r->payload == bytes("awake"));
         co_await test::shutdown_all(g);
+    });
+}
+
+namespace {
+Tensor big_tensor() {
+    Tensor t = Tensor::cpu(DType::uint8, {3 << 20});
+    for (std::size_t i = 0; i < t.nbytes(); ++i) t.data()[i] = static_cast<std::uint8_t>(i * 13 + 5);
+    return t;
+}
+
+/// Echoes a 3 MiB tensor from worker0 to worker1 and back; checks the bytes, the channel both
+/// sides chose, and how many tensors went by reference.
+Task<void> echo_big(test::AgentGroup& g, std::string channel, std::uint64_t by_ref) {
+    test::register_echo(g);
+    Message m = test::text_message("big");
+    Tensor t = big_tensor();
+    m.tensors.push_back(t);
+    auto r = co_await g[0]->rpc_async("worker1", "echo", std::move(m));
+    REQUIRE(r);
+    REQUIRE(r->tensors.size() == 1);
+    CHECK(std::memcmp(r->tensors[0].data(), t.data(), t.nbytes()) == 0);
+    auto c = g[0]->connection_to(1);
+    REQUIRE(c);
+    REQUIRE(c->negotiated().channels.size() == 1);
+    CHECK(c->negotiated().channels[0].channel == channel);
+    CHECK(c->stats().cma_sent == by_ref);      // the request
+    CHECK(c->stats().cma_received == by_ref);  // the reply
+    CHECK(c->stats().cma_held == 0);
+    co_await test::shutdown_all(g);
+}
+
+/// Sets TP_CMA_TEST_BAD_PROBE for the test's lifetime (both in-process agents then advertise a
+/// probe target that fails).
+struct BadProbe {
+    BadProbe() { ::setenv("TP_CMA_TEST_BAD_PROBE", "1", 1); }
+    ~BadProbe() { ::unsetenv("TP_CMA_TEST_BAD_PROBE"); }
+};
+}  // namespace
+
+TEST_CASE("_channels [basic] gives basic even on one host", "[rpc][agent][negotiation]") {
+    const test::Configure basic = [](int, TensorPipeRpcBackendOptions& o) { o.channels = std::vector<std::string>{"basic"}; };
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, basic);
+        co_await echo_big(g, "basic", 0);
+    });
+}
+
+TEST_CASE("two workers on one host carry large tensors by cma", "[rpc][agent][negotiation]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        co_await echo_big(g, "cma", 1);
+    });
+}
+
+TEST_CASE("workers whose cma probe fails fall back to basic silently", "[rpc][agent][negotiation]") {
+    BadProbe bad;
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        co_await echo_big(g, "basic", 0);
     });
 }
 

@@ -22,13 +22,22 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// Options for a group that talks over `transport`: uds (or shm) is preferred to uv, so that the
-/// negotiation runs over TCP and the data moves to the same-host transport; uv alone stays on TCP.
-test::Configure over(std::string transport) {
-    return [transport](int, TensorPipeRpcBackendOptions& o) {
+/// Options for a group that talks over `transport` (and, when given, `channel`): uds or shm is
+/// preferred to uv, so that the negotiation runs over TCP and the data moves to the same-host
+/// transport; uv alone stays on TCP.
+test::Configure over(std::string transport, std::string channel = {}) {
+    return [transport, channel](int, TensorPipeRpcBackendOptions& o) {
         if (transport == "uv") o.transports = std::vector<std::string>{transport};
         else o.transports = std::vector<std::string>{transport, "uv"};
+        if (!channel.empty()) o.channels = std::vector<std::string>{channel};
     };
+}
+
+/// A 1 MiB tensor with a pattern: the cma channel carries it by reference.
+Tensor large_tensor() {
+    Tensor t = Tensor::cpu(DType::uint8, {1 << 20});
+    for (std::size_t i = 0; i < t.nbytes(); ++i) t.data()[i] = static_cast<std::uint8_t>((i * 131) >> 4);
+    return t;
 }
 
 /// The listening URL of `agent` for `transport`.
@@ -113,28 +122,33 @@ Bytes member_hello(const std::string& transport, const test::AgentPtr& server) {
 
 }  // namespace
 
-TEST_CASE("an agent conforms over every transport", "[rpc][agent][transport]") {
+TEST_CASE("an agent conforms over every transport and channel", "[rpc][agent][transport]") {
     const std::string transport = GENERATE(std::string("uv"), std::string("uds"), std::string("shm"));
-    INFO("transport " << transport);
-    const test::Configure cfg = over(transport);
+    const std::string channel = GENERATE(std::string("basic"), std::string("cma"));
+    INFO("transport " << transport << ", channel " << channel);
+    const test::Configure cfg = over(transport, channel);
 
-    SECTION("echo of a payload and a tensor, over the negotiated transport") {
+    SECTION("echo of a payload and tensors, over the negotiated transport and channel") {
         test::run_with_deadline(10s, [&]() -> Task<void> {
             auto g = co_await test::make_group(2, cfg);
             test::register_echo(g);
             Message m = test::text_message("hello");
-            Tensor t = pattern_tensor();
+            Tensor t = pattern_tensor(), big = large_tensor();
             m.tensors.push_back(t);
+            m.tensors.push_back(big);
             auto r = co_await g[0]->rpc_async("worker1", "echo", std::move(m));
             REQUIRE(r);
             CHECK(r->payload == bytes("hello"));
-            REQUIRE(r->tensors.size() == 1);
+            REQUIRE(r->tensors.size() == 2);
             CHECK(std::memcmp(r->tensors[0].data(), t.data(), t.nbytes()) == 0);
+            CHECK(std::memcmp(r->tensors[1].data(), big.data(), big.nbytes()) == 0);
             auto c = g[0]->connection_to(1);
             REQUIRE(c);
             CHECK(c->transport() == transport);
             REQUIRE(c->negotiated().channels.size() == 1);
-            CHECK(c->negotiated().channels[0] == ChannelChoice{"cpu", "cpu", "basic"});
+            CHECK(c->negotiated().channels[0] == ChannelChoice{"cpu", "cpu", channel});
+            CHECK(c->stats().cma_sent == (channel == "cma" ? 1u : 0u));
+            CHECK(c->stats().cma_received == (channel == "cma" ? 1u : 0u));
             co_await test::shutdown_all(g);
         });
     }

@@ -2,6 +2,7 @@
 // and Connections over uds, including the redirect from a TCP negotiation to a Unix socket.
 #include "transport/negotiate.hpp"
 
+#include "transport/auth.hpp"
 #include "transport/frame.hpp"
 #include "transport/transport.hpp"
 #include "transport/transport_test_util.hpp"
@@ -97,16 +98,20 @@ TEST_CASE("the server's first viable transport wins, and per device pair its bes
     }
 }
 
-TEST_CASE("a version-3 hello carries the offers and the answer, and bounds their counts", "[transport][negotiation]") {
+TEST_CASE("a version-4 hello carries the offers (channel params included) and the answer, and bounds their counts", "[transport][negotiation]") {
     detail::Hello h;
     h.info = side("w", 3, {{"uds", kHost, "uds://a"}, {"uv", "uv", "tcp://1.2.3.4:5"}});
+    h.info.channels.insert(h.info.channels.begin(), ChannelOffer{"cma", "cpu", "cma:host", std::string("\0\1params", 8)});
     h.answer = Negotiated{"uds", "uds://a", {ChannelChoice{"cpu", "cpu", "basic"}}};
     const Bytes b = detail::encode_hello(h);
     auto p = detail::decode_hello_prefix(b);
     REQUIRE(p);
-    CHECK(p->version == 3);
+    CHECK(p->version == 4);
     auto d = detail::decode_hello_body(std::span(b).subspan(detail::kHelloPrefixSize), ConnectionLimits{});
     REQUIRE(d);
+    REQUIRE(d->info.channels.size() == h.info.channels.size());
+    CHECK(d->info.channels[0].params == h.info.channels[0].params);
+    CHECK(d->info.channels[0].domain == "cma:host");
     REQUIRE(d->info.transports.size() == 2);
     CHECK(d->info.transports[0].domain == kHost);
     CHECK(d->info.transports[1].address == "tcp://1.2.3.4:5");
@@ -197,4 +202,31 @@ TEST_CASE("a TCP negotiation that chooses uds reconnects over the Unix socket", 
         (*ul)->close();
         (*tl)->close();
     });
+}
+
+TEST_CASE("channels: cma before basic by default, _channels restricts and orders", "[transport][negotiation]") {
+    CHECK(detail::channel_available("cma"));
+    CHECK(detail::channel_available("basic"));
+    CHECK_FALSE(detail::channel_available("cuda_ipc"));
+    auto all = detail::select_channels(std::nullopt);
+    REQUIRE(all);
+    CHECK(*all == std::vector<std::string>{"cma", "basic"});
+    auto basic = detail::select_channels(std::vector<std::string>{"basic"});
+    REQUIRE(basic);
+    CHECK(*basic == std::vector<std::string>{"basic"});
+    auto ordered = detail::select_channels(std::vector<std::string>{"basic", "cma"});
+    REQUIRE(ordered);
+    CHECK(*ordered == std::vector<std::string>{"basic", "cma"});
+}
+
+TEST_CASE("the handshake proofs cover the channel offers' params (a forged cma probe target fails them)", "[transport][negotiation]") {
+    HelloInfo client, server, forged;
+    client.name = "c";
+    server.name = "s";
+    client.channels = {ChannelOffer{"cma", "cpu", "cma:host", "probe A"}, ChannelOffer{"basic", "cpu", "any"}};
+    forged = client;
+    forged.channels[0].params = "probe B";
+    const detail::Transcript a{kProtocolVersion, &client, &server, {}, {}, nullptr};
+    const detail::Transcript b{kProtocolVersion, &forged, &server, {}, {}, nullptr};
+    CHECK(detail::transcript_bytes(a, detail::ProofBy::client) != detail::transcript_bytes(b, detail::ProofBy::client));
 }

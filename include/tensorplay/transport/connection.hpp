@@ -26,10 +26,11 @@
 
 namespace tensorplay {
 
-/// Protocol constants: every connection starts with this magic and version (3: the handshake
-/// negotiates transport and channels; 2 added authentication; other versions are refused by name).
+/// Protocol constants: every connection starts with this magic and version (4: channel offers
+/// carry parameters and frames may leave tensor bytes to the cma channel; 3 negotiated transport
+/// and channels; 2 added authentication; other versions are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 3;
+inline constexpr std::uint16_t kProtocolVersion = 4;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
@@ -82,9 +83,14 @@ struct TransportOffer {
 
 /// A channel a side offers for one of its device types.
 struct ChannelOffer {
-    std::string name;         ///< "basic"
+    ChannelOffer() = default;
+    /// An offer; `params` is left for the connection to fill (cma).
+    ChannelOffer(std::string n, std::string type, std::string dom, std::string p = {})
+        : name(std::move(n)), device_type(std::move(type)), domain(std::move(dom)), params(std::move(p)) {}
+    std::string name;         ///< "basic", "cma"
     std::string device_type;  ///< "cpu", "cuda"
-    std::string domain;       ///< usable when both sides' are equal ("any" for basic)
+    std::string domain;       ///< usable when both sides' are equal ("any" for basic; cma: filled by the connection)
+    std::string params;       ///< the channel's setup data (cma: identity and probe target; filled by the connection)
 };
 
 /// The channel chosen for tensors from a client's device type to a server's.
@@ -190,6 +196,9 @@ struct ConnectionStats {
     std::uint64_t writes = 0;          ///< async_write operations (each gathers all queued frames)
     std::uint64_t frames_received = 0;
     std::uint64_t reads = 0;           ///< socket read operations
+    std::uint64_t cma_sent = 0;        ///< tensors sent by reference (the peer read them by cma)
+    std::uint64_t cma_received = 0;    ///< tensors read from the peer's memory by cma
+    std::uint64_t cma_held = 0;        ///< frames sent by reference whose tensors the peer has not released yet
 };
 
 namespace detail {
@@ -257,7 +266,8 @@ public:
 
     /// Replaces the allocator for incoming tensors (default: CPU tensors only, others refused).
     void set_allocator(TensorAllocator allocator);
-    /// Queues `frame` for writing; the tensors are referenced, not copied, until written.
+    /// Queues `frame` for writing; the tensors are referenced, not copied, until written (or, those
+    /// the cma channel carries, until the peer has read them: do not change them meanwhile).
     /// `flush`: when no write is in progress, write everything queued now, in this call (one
     /// non-blocking sendmsg; the writer takes any rest). Use it when no other frame will follow
     /// soon; without it, frames queued in the same turn of the event loop share one write.

@@ -1,0 +1,420 @@
+// The cma channel over real connections: tensors of every size round-trip byte for byte (in one
+// process and between two), large ones by reference and small ones inline; a peer whose probe
+// fails falls back to basic (on either side, with and without a key); the peer's memory or
+// process going away fails that frame alone with a clear error; holds go back to 0 after the
+// reads and on close; a peer that sends by reference without cma, or releases what we do not
+// hold, is a protocol error.
+#include <tensorplay/transport/connection.hpp>
+
+#include "transport/channel.hpp"
+#include "transport/transport_test_util.hpp"
+
+#include <tensorplay/core/wire.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+namespace td = tensorplay::detail;
+
+namespace {
+
+/// A hello offering cma then basic. `params` empty: the connection fills them (this process).
+HelloInfo cma_hello(std::string name, int rank, std::string params = {}, std::string domain = {}) {
+    HelloInfo h = test::hello(std::move(name), rank);
+    h.channels = {ChannelOffer{"cma", "cpu", std::move(domain), std::move(params)}, ChannelOffer{"basic", "cpu", "any"}};
+    return h;
+}
+
+/// cma parameters naming `pid` (this process's identity otherwise) and its probe buffer, whose
+/// expected bytes are wrong when `bad_probe`: the test seam for a peer whose probe fails.
+HelloInfo cma_hello_as(std::string name, int rank, int pid, bool bad_probe) {
+    auto id = td::cma::local_identity();
+    REQUIRE(id);
+    td::CmaParams p{*id, td::cma::local_probe_target()};
+    p.identity.pid = pid;
+    p.probe.pid = pid;
+    if (bad_probe) p.probe.expected[0] ^= 0xff;
+    return cma_hello(std::move(name), rank, td::encode_cma_params(p), td::cma_domain(p.identity));
+}
+
+Tensor pattern_tensor(std::size_t n, unsigned seed) {
+    Tensor t = Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)});
+    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>((i * 131 + seed * 7) >> 3);
+    return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
+}
+
+/// Sizes below, at and above the inline threshold, and 0.
+std::vector<std::size_t> sizes() {
+    return {0, 1, 1000, td::kCmaMinBytes - 1, td::kCmaMinBytes, (1u << 20) + 3, 8u << 20};
+}
+std::size_t by_ref_count(const std::vector<std::size_t>& s) {
+    std::size_t n = 0;
+    for (auto x : s) n += x >= td::kCmaMinBytes;
+    return n;
+}
+
+Task<Result<std::shared_ptr<Connection>>> accept_keyed(asio::ip::tcp::acceptor& acc, HelloInfo hello, HandshakeAuth auth) {
+    auto [ec, s] = co_await acc.async_accept(td::use_nothrow);
+    if (ec) co_return fail(from_error_code(ec, "accept"));
+    co_return co_await Connection::accept(std::move(s), std::move(hello), ConnectionLimits{}, std::move(auth));
+}
+
+/// A client and a server with the given hellos (and key), over loopback.
+Task<test::ConnPair> pair_of(const HelloInfo& client, const HelloInfo& server, const std::string& key) {
+    using namespace td::awaitable_ops;
+    auto ex = co_await asio::this_coro::executor;
+    asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
+    const auto port = acc.local_endpoint().port();
+    HandshakeAuth a, b;
+    a.key = key;
+    b.key = key;
+    auto [sv, cl] = co_await (accept_keyed(acc, server, a) && Connection::connect("127.0.0.1", port, client, ConnectionLimits{}, b));
+    REQUIRE(sv);
+    REQUIRE(cl);
+    co_return test::ConnPair{*cl, *sv};
+}
+
+Frame frame_of(FrameKind kind, std::uint64_t id, std::vector<Tensor> tensors) {
+    Frame f;
+    f.kind = kind;
+    f.id = id;
+    f.name = kind == FrameKind::request ? "echo" : "";
+    f.payload = bytes("payload");
+    f.tensors = std::move(tensors);
+    return f;
+}
+
+std::string channel_of(const Connection& c) {
+    for (const auto& ch : c.negotiated().channels)
+        if (ch.client_device == "cpu" && ch.server_device == "cpu") return ch.channel;
+    return "none";
+}
+
+/// Sends `tensors` from client to server and back (the server echoes), checks every byte, and
+/// that both sides' holds are back to 0 afterwards.
+Task<void> echo_and_check(test::ConnPair& p, const std::vector<Tensor>& tensors) {
+    REQUIRE(p.client->send(frame_of(FrameKind::request, 1, tensors), true));
+    auto got = co_await p.server->receive();
+    REQUIRE(got);
+    REQUIRE_FALSE(got->alloc_error);
+    REQUIRE(got->tensors.size() == tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) CHECK(same_bytes(got->tensors[i], tensors[i]));
+    REQUIRE(p.server->send(frame_of(FrameKind::response, 1, got->tensors), true));
+    auto back = co_await p.client->receive();
+    REQUIRE(back);
+    REQUIRE_FALSE(back->alloc_error);
+    REQUIRE(back->tensors.size() == tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) CHECK(same_bytes(back->tensors[i], tensors[i]));
+    // The server's release of the request came before its reply; ours of the reply comes before
+    // the next frame.
+    CHECK(p.client->stats().cma_held == 0);
+    REQUIRE(p.client->send(frame_of(FrameKind::request, 2, {}), true));
+    auto last = co_await p.server->receive();
+    REQUIRE(last);
+    CHECK(p.server->stats().cma_held == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cma carries large tensors by reference and small ones inline, byte for byte", "[transport][cma]") {
+    const bool keyed = GENERATE(false, true);
+    INFO("with a key: " << keyed);
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, keyed ? "k3y" : "");
+        CHECK(channel_of(*p.client) == "cma");
+        CHECK(p.client->negotiated() == p.server->negotiated());
+        std::vector<Tensor> ts;
+        const auto s = sizes();
+        for (std::size_t i = 0; i < s.size(); ++i) ts.push_back(pattern_tensor(s[i], static_cast<unsigned>(i)));
+        co_await echo_and_check(p, ts);
+        CHECK(p.client->stats().cma_sent == by_ref_count(s));
+        CHECK(p.server->stats().cma_received == by_ref_count(s));
+        CHECK(p.server->stats().cma_sent == by_ref_count(s));
+        CHECK(p.client->stats().cma_received == by_ref_count(s));
+    });
+}
+
+TEST_CASE("cma: many tensors in one frame, by reference and inline interleaved", "[transport][cma]") {
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        std::vector<Tensor> ts;
+        for (unsigned i = 0; i < 300; ++i) ts.push_back(pattern_tensor(i % 2 ? td::kCmaMinBytes + i : i, i));
+        co_await echo_and_check(p, ts);
+        CHECK(p.client->stats().cma_sent == 150);
+    });
+}
+
+TEST_CASE("a peer whose cma probe fails falls back to basic, on either side", "[transport][cma]") {
+    const bool client_bad = GENERATE(true, false);
+    const bool keyed = GENERATE(false, true);
+    INFO("the bad probe target is the " << (client_bad ? "client's" : "server's") << "; key: " << keyed);
+    // A wrong client target fails the server's probe (it offers no cma); a wrong server target
+    // fails the client's (its verdict turns the cma answer into basic on both sides).
+    const HelloInfo client = cma_hello_as("client", 0, ::getpid(), client_bad);
+    const HelloInfo server = cma_hello_as("server", 1, ::getpid(), !client_bad);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, keyed ? "k3y" : "");
+        CHECK(channel_of(*p.client) == "basic");
+        CHECK(channel_of(*p.server) == "basic");
+        CHECK(p.client->negotiated() == p.server->negotiated());
+        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1), pattern_tensor(10, 2)};
+        co_await echo_and_check(p, ts);
+        CHECK(p.client->stats().cma_sent == 0);
+        CHECK(p.server->stats().cma_received == 0);
+    });
+}
+
+TEST_CASE("only basic offered: basic, even on one host", "[transport][cma]") {
+    const HelloInfo client = cma_hello("client", 0), server = test::hello("server", 1);
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        CHECK(channel_of(*p.client) == "basic");
+        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1)};
+        co_await echo_and_check(p, ts);
+        CHECK(p.client->stats().cma_sent == 0);
+    });
+}
+
+namespace {
+/// A forked child that only waits (its memory is a copy of ours at fork time: our probe buffer
+/// is there, tensors allocated later are not); killed when done.
+struct Idle {
+    pid_t pid = -1;
+    int fd = -1;
+    Idle() {
+        int p[2];
+        REQUIRE(::pipe(p) == 0);
+        int q[2];
+        REQUIRE(::pipe(q) == 0);
+        pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            ::close(p[1]);
+            ::close(q[0]);
+            // Each command: an address and a length to unmap (it answers one byte); EOF: exit.
+            std::uint64_t cmd[2];
+            while (::read(p[0], cmd, sizeof cmd) == sizeof cmd) {
+                const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+                const std::uint64_t beg = cmd[0] & ~(page - 1), end = (cmd[0] + cmd[1] + page - 1) & ~(page - 1);
+                ::munmap(reinterpret_cast<void*>(beg), end - beg);
+                char ok = 1;
+                (void)::write(q[1], &ok, 1);
+            }
+            ::_exit(0);
+        }
+        ::close(p[0]);
+        ::close(q[1]);
+        fd = p[1];
+        reply = q[0];
+    }
+    int reply = -1;
+    /// Makes sure `t`'s bytes are not mapped in the child (its copy of our heap may hold them).
+    void unmap(const Tensor& t) {
+        const std::uint64_t cmd[2] = {reinterpret_cast<std::uint64_t>(t.data()), t.nbytes()};
+        REQUIRE(::write(fd, cmd, sizeof cmd) == sizeof cmd);
+        char c = 0;
+        REQUIRE(::read(reply, &c, 1) == 1);
+    }
+    void kill() {
+        if (pid <= 0) return;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        pid = -1;
+    }
+    ~Idle() {
+        if (fd >= 0) ::close(fd);
+        if (reply >= 0) ::close(reply);
+        kill();
+    }
+};
+}  // namespace
+
+TEST_CASE("the sender's memory going away during a cma read fails that frame alone", "[transport][cma]") {
+    const bool gone = GENERATE(false, true);
+    INFO((gone ? "the process is gone" : "the range is not mapped there"));
+    // The client claims the child's pid: the server's probe passes (the child has our probe
+    // buffer), but the tensors it then reads by reference are not mapped in the child (or the
+    // child has exited).
+    Idle child;
+    const HelloInfo client = cma_hello_as("client", 0, child.pid, false);
+    const HelloInfo server = cma_hello("server", 1);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        REQUIRE(channel_of(*p.client) == "cma");
+        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1), pattern_tensor(10, 2)};
+        if (gone)
+            child.kill();
+        else
+            child.unmap(ts[0]);
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 1, ts), true));
+        auto got = co_await p.server->receive();
+        REQUIRE(got);  // the frame arrives, failed: the connection stays
+        REQUIRE(got->alloc_error);
+        INFO(got->alloc_error->to_string());
+        CHECK(got->alloc_error->code() == (gone ? Errc::connection_lost : Errc::io_error));
+        CHECK(got->alloc_error->message().find("by cma") != std::string::npos);
+        CHECK(got->alloc_error->message().find("worker \"client\"") != std::string::npos);
+        CHECK(p.server->is_open());
+        // It released the hold anyway, and the connection carries the next frame (inline).
+        std::vector<Tensor> small{pattern_tensor(100, 3)};
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 2, small), true));
+        auto next = co_await p.server->receive();
+        REQUIRE(next);
+        REQUIRE_FALSE(next->alloc_error);
+        REQUIRE(next->tensors.size() == 1);
+        CHECK(same_bytes(next->tensors[0], small[0]));
+        REQUIRE(p.server->send(frame_of(FrameKind::response, 2, {}), true));
+        auto reply = co_await p.client->receive();
+        REQUIRE(reply);
+        CHECK(p.client->stats().cma_held == 0);
+    });
+}
+
+TEST_CASE("cma holds are dropped when the connection closes", "[transport][cma]") {
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        Tensor t = pattern_tensor(1u << 20, 4);
+        std::vector<Tensor> ts{t, t};
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 1, ts), true));
+        ts.clear();
+        CHECK(p.client->stats().cma_held == 1);
+        CHECK(t.storage().use_count() == 3);  // ours and the hold's two
+        p.client->close();
+        CHECK(p.client->stats().cma_held == 0);
+        CHECK(t.storage().use_count() == 1);
+    });
+}
+
+namespace {
+/// A raw client that finished a plain (basic) handshake with a server Connection.
+struct Raw {
+    asio::ip::tcp::acceptor acc;
+    asio::ip::tcp::socket sock;
+};
+Task<std::shared_ptr<Connection>> raw_handshake(Raw& r, const Bytes& client_hello, const HelloInfo& server) {
+    using namespace td::awaitable_ops;
+    auto [ec] = co_await r.sock.async_connect(r.acc.local_endpoint(), td::use_nothrow);
+    REQUIRE(!ec);
+    co_await test::write_raw(r.sock, client_hello);
+    auto conn = co_await (test::accept_one(r.acc, server, ConnectionLimits{}) && test::read_hello(r.sock));
+    REQUIRE(conn);
+    co_return *conn;
+}
+Bytes by_reference_frame() {
+    WireWriter meta;
+    meta.str32("echo").u32(1);
+    meta.u8(0).u8(0).u16(0xffff).u8(0).u16(0xffff).u8(1).u64(1u << 20).u64(1u << 20);  // uint8 [1 MiB] cpu -> cpu
+    meta.u64(0x10000).u64(1);                                                            // address, hold
+    WireWriter w;
+    w.u16(td::kFrameMarker).u8(1).u8(td::kFrameByReference).u32(static_cast<std::uint32_t>(meta.size())).u64(1).u64(0);
+    w.raw(meta.data());
+    return std::move(w).take();
+}
+}  // namespace
+
+TEST_CASE("a peer that sends by reference without cma, or releases an unknown hold, is a protocol error", "[transport][cma][fault]") {
+    const bool release = GENERATE(false, true);
+    INFO((release ? "release of an unknown hold" : "tensor by reference on a basic pair"));
+    const Bytes client_hello = td::encode_hello(test::hello("raw", 7));
+    const HelloInfo server = cma_hello("server", 0);
+    const Bytes bad = release ? td::encode_release(42) : by_reference_frame();
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        Raw r{asio::ip::tcp::acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0}), asio::ip::tcp::socket(ex)};
+        auto conn = co_await raw_handshake(r, client_hello, server);
+        REQUIRE(channel_of(*conn) == "basic");  // the raw client offered basic only
+        co_await test::write_raw(r.sock, bad);
+        auto f = co_await conn->receive();
+        REQUIRE_FALSE(f);
+        INFO(f.error().to_string());
+        CHECK(f.error().code() == Errc::protocol_error);
+        CHECK(f.error().message().find(release ? "do not hold" : "did not choose cma") != std::string::npos);
+        CHECK_FALSE(conn->is_open());
+    });
+}
+
+namespace {
+/// The child's side of the two-process test: accepts one connection on `acc_fd`'s port and echoes
+/// every frame back until the peer closes. Exit status 0 when it served at least one frame.
+int echo_server(std::uint16_t port_out_fd) {
+    asio::io_context ctx(1);
+    int served = 0;
+    bool ok = true;
+    asio::ip::tcp::acceptor acc(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+    const std::uint16_t port = acc.local_endpoint().port();
+    if (::write(port_out_fd, &port, sizeof port) != sizeof port) return 3;
+    const HelloInfo hello = cma_hello("server", 1);
+    asio::co_spawn(ctx, [&]() -> Task<void> {
+        auto c = co_await test::accept_one(acc, hello, ConnectionLimits{});
+        if (!c) {
+            ok = false;
+            co_return;
+        }
+        for (;;) {
+            auto f = co_await (*c)->receive();
+            if (!f) break;
+            if (f->alloc_error) ok = false;
+            Frame back = frame_of(FrameKind::response, f->id, std::move(f->tensors));
+            if (!(*c)->send(std::move(back), true)) break;
+            ++served;
+        }
+    }, [&](std::exception_ptr e) { ok = ok && !e; });
+    ctx.run_for(20s);
+    return ok && served > 0 ? 0 : 1;
+}
+}  // namespace
+
+TEST_CASE("cma between two processes: tensors of every size round-trip byte for byte", "[transport][cma][process]") {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(p[0]);
+        ::_exit(echo_server(static_cast<std::uint16_t>(p[1])));
+    }
+    ::close(p[1]);
+    std::uint16_t port = 0;
+    REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
+    ::close(p[0]);
+    const HelloInfo client = cma_hello("client", 0);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto c = co_await Connection::connect("127.0.0.1", port, client, ConnectionLimits{});
+        REQUIRE(c);
+        CHECK(channel_of(**c) == "cma");
+        const auto s = sizes();
+        std::vector<Tensor> ts;
+        for (std::size_t i = 0; i < s.size(); ++i) ts.push_back(pattern_tensor(s[i], static_cast<unsigned>(i) + 9));
+        for (unsigned i = 0; i < 100; ++i) ts.push_back(pattern_tensor(i % 3 ? 100 + i : (td::kCmaMinBytes << 1) + i, i));
+        for (std::uint64_t round = 1; round <= 3; ++round) {
+            REQUIRE((*c)->send(frame_of(FrameKind::request, round, ts), true));
+            auto back = co_await (*c)->receive();
+            REQUIRE(back);
+            REQUIRE_FALSE(back->alloc_error);
+            REQUIRE(back->tensors.size() == ts.size());
+            for (std::size_t i = 0; i < ts.size(); ++i) CHECK(same_bytes(back->tensors[i], ts[i]));
+            CHECK((*c)->stats().cma_held == 0);  // the child's release came before its reply
+        }
+        CHECK((*c)->stats().cma_received > 0);
+        (*c)->close();
+    });
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+}
