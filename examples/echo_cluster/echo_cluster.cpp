@@ -1,9 +1,10 @@
 // echo_cluster: N workers rendezvous over env://, echo a 64-byte message and a 1 MiB tensor to every
 // other worker, check every byte, print latency percentiles and shut down gracefully.
 //
-//   echo_cluster --world-size 4 [--rounds 20] [--stats] [--transports uv,uds]
+//   echo_cluster --world-size 4 [--rounds 20] [--stats] [--transports uv,uds] [--channels cma,basic]
 //       spawns 4 local workers (rank 0 hosts the store); --stats: each prints its agent's counters as
-//       JSON; --transports: the workers' `_transports` (else ECHO_CLUSTER_TRANSPORTS, else all)
+//       JSON; --transports: the workers' `_transports` (else ECHO_CLUSTER_TRANSPORTS, else all);
+//       --channels: their `_channels` (else ECHO_CLUSTER_CHANNELS, else all)
 // Each worker prints the transport and channel it negotiated with every other worker.
 //   MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. echo_cluster   runs one worker (torchrun, srun)
 //
@@ -55,20 +56,24 @@ double percentile(std::vector<double> v, double p) {
     return v[std::min(i, v.size() - 1)];
 }
 
+/// "a,b,c" -> {"a", "b", "c"}
+std::vector<std::string> split_names(const std::string& list) {
+    std::vector<std::string> names;
+    for (std::size_t at = 0; at <= list.size();) {
+        const auto comma = std::min(list.find(',', at), list.size());
+        names.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+    }
+    return names;
+}
+
 tp::Task<int> worker(int rank, int world_size, int rounds, bool local, bool stats) {
     const std::string name = "worker" + std::to_string(rank);
     auto options = std::make_shared<tp::TensorPipeRpcBackendOptions>();
     options->init_method = "env://";
     if (local) options->listen_address = "127.0.0.1";
-    if (auto list = env("ECHO_CLUSTER_TRANSPORTS"); !list.empty()) {
-        std::vector<std::string> names;
-        for (std::size_t at = 0; at <= list.size();) {
-            const auto comma = std::min(list.find(',', at), list.size());
-            names.push_back(list.substr(at, comma - at));
-            at = comma + 1;
-        }
-        options->transports = std::move(names);
-    }
+    if (auto list = env("ECHO_CLUSTER_TRANSPORTS"); !list.empty()) options->transports = split_names(list);
+    if (auto list = env("ECHO_CLUSTER_CHANNELS"); !list.empty()) options->channels = split_names(list);
     // Registered before init: the agent installs it before it reports ready, so a peer's first
     // call cannot arrive before "echo" exists.
     auto reg = tp::register_startup_handler("echo", [](tp::WorkerInfo, tp::Message m) -> tp::Task<tp::Result<tp::Message>> {
@@ -250,8 +255,10 @@ int main(int argc, char** argv) {
         else if (i + 1 < argc && a == "--timeout") timeout_s = std::atoi(argv[++i]);
         else if (a == "--stats") stats = true;
         else if (i + 1 < argc && a == "--transports") ::setenv("ECHO_CLUSTER_TRANSPORTS", argv[++i], 1);
+        else if (i + 1 < argc && a == "--channels") ::setenv("ECHO_CLUSTER_CHANNELS", argv[++i], 1);
         else {
-            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S] [--stats] [--transports uv,uds]\n"
+            std::fprintf(stderr, "usage: %s --world-size N [--rounds R] [--timeout S] [--stats] [--transports uv,uds] "
+                                 "[--channels cma,basic]\n"
                                  "   or: MASTER_ADDR=.. MASTER_PORT=.. RANK=.. WORLD_SIZE=.. %s\n", argv[0], argv[0]);
             return 2;
         }
