@@ -99,7 +99,8 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
         req.error.reset();
         w.conn.reset();
         if (!w.core->park(w)) break;
-        co_await w.wake.wait();
+        // (Not cancellable: close_local wakes parked workers to exit, and parks no more.)
+        co_await w.wake.wait(ResumeSlot::OnCancel::ignore);
         if (w.wake.error() || !w.has_request) break;  // woken to exit (the agent closed)
     }
 }
