@@ -47,7 +47,7 @@ Result<void> AbstractUnixAcceptor::open(const std::string& url_scheme) {
     return ok();
 }
 
-Task<Result<UnixPeer>> AbstractUnixAcceptor::accept(const std::string& transport) {
+Task<Result<UnixPeer>> AbstractUnixAcceptor::accept(std::string transport) {  // (by value: a coroutine)
     for (;;) {
         asio::generic::stream_protocol::socket socket(acceptor_.get_executor());
         auto [ec] = co_await acceptor_.async_accept(socket, use_nothrow);

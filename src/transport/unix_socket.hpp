@@ -36,7 +36,7 @@ public:
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
     /// The next peer of this user; others are closed and logged ("the `transport` transport admits
     /// its own user only"). cancelled once closed; io_error when accepting failed.
-    [[nodiscard]] Task<Result<UnixPeer>> accept(const std::string& transport);
+    [[nodiscard]] Task<Result<UnixPeer>> accept(std::string transport);
     void close();
 
 private:
