@@ -1,5 +1,6 @@
-// Fuzzes the 24-byte frame header decoder: peek and decode agree, and a header that decodes is
-// re-encoded to the same bytes (the flags byte is ignored by the reader and kept as sent).
+// Fuzzes the 24-byte frame header decoder: peek and decode agree, a header that decodes is of a
+// known kind (request, response, error, or the connection's own release), and it is re-encoded to
+// the same bytes (the flags byte is the metadata decoder's to check, and kept as sent).
 #include "transport/frame.hpp"
 
 #include "fuzz_util.hpp"
@@ -27,7 +28,8 @@ void check(std::span<const std::uint8_t> in, const ConnectionLimits& limits) {
         return;
     }
     TP_FUZZ_CHECK(h->meta_len <= limits.max_meta_bytes && h->payload_len <= limits.max_payload_bytes);
-    TP_FUZZ_CHECK(h->kind == FrameKind::request || h->kind == FrameKind::response || h->kind == FrameKind::error);
+    TP_FUZZ_CHECK(h->kind == FrameKind::request || h->kind == FrameKind::response || h->kind == FrameKind::error ||
+                  h->kind == kReleaseFrame);
     std::array<std::uint8_t, kFrameHeaderSize> out{};
     store_le(out.data(), kFrameMarker);
     out[2] = static_cast<std::uint8_t>(h->kind);
