@@ -567,19 +567,25 @@ TEST_CASE("unregistering a handler with a call in flight refuses new calls at on
         test::Signal entered(ex, 1), release(ex, 1);
         REQUIRE(g[1]->register_handler("held", test::held_handler(entered, release)));
         std::optional<Result<Message>> first;
+        test::Signal done(ex, 2);
         asio::co_spawn(ex, g[0]->rpc_async("worker1", "held", test::text_message("in flight")),
-                       [&first](std::exception_ptr, Result<Message> r) { first = std::move(r); });
+                       [&first, &done](std::exception_ptr, Result<Message> r) {
+                           first = std::move(r);
+                           done.try_send(std::error_code{}, 0);
+                       });
         co_await entered.async_receive(asio::use_awaitable);
         std::optional<Result<void>> unregistered;
-        asio::co_spawn(ex, g[1]->unregister_handler("held"),
-                       [&unregistered](std::exception_ptr, Result<void> r) { unregistered = std::move(r); });
-        co_await test::sleep_for(20ms);
-        CHECK_FALSE(unregistered);  // its call still runs
+        asio::co_spawn(ex, g[1]->unregister_handler("held"), [&unregistered, &done](std::exception_ptr, Result<void> r) {
+            unregistered = std::move(r);
+            done.try_send(std::error_code{}, 1);
+        });
+        // A round trip later (the refused call), the unregister still waits for the call in flight.
         auto refused = co_await g[0]->rpc_async("worker1", "held", test::text_message("late"));
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code() == Errc::not_found);
+        CHECK_FALSE(unregistered);
         release.try_send(std::error_code{}, 0);
-        for (int i = 0; i < 200 && !(unregistered && first); ++i) co_await test::sleep_for(5ms);
+        for (int i = 0; i < 2; ++i) co_await done.async_receive(asio::use_awaitable);
         REQUIRE(unregistered);
         CHECK(*unregistered);
         REQUIRE(first);
