@@ -9,16 +9,16 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/event.hpp"
+#include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
 #include "rpc/handler_registry.hpp"
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
-#include "core/deadline_queue.hpp"
 #include "core/task_group.hpp"
 #include "transport/transport.hpp"
 
 #include <asio/ip/tcp.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <atomic>
@@ -46,28 +46,6 @@ struct NativeAgentTuning {
     std::size_t max_inbound_connections = 4096;
     /// Bound on every store wait during init and graceful shutdown (0: the store's timeout).
     Duration init_timeout{0};
-};
-
-/// A call waiting for its reply; lives outside the caller's coroutine frame (CallHandle). Signalled
-/// once, by the reply, a lost connection or its deadline (AgentCore::deadlines: no timer per call,
-/// arming one costs a timerfd_settime system call). The signal resumes the caller in place: a reply
-/// read by the connection's reader runs the caller's continuation at once, with no trip through
-/// the event loop's queue (each such trip costs an epoll_wait system call).
-struct PendingCall : DeadlineHook {
-    explicit PendingCall(SlotRegistry* slots) : done(slots) {}
-    ResumeSlot done;
-    bool signalled = false;
-    std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
-    const Connection* conn = nullptr;       ///< the connection the request went out on
-
-    void signal() {
-        signalled = true;
-        done.complete();
-    }
-    void finish(Result<Message> r) {
-        result = std::move(r);
-        signal();
-    }
 };
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request
@@ -107,10 +85,8 @@ struct PeerLink {
     /// Where it listens, one address per transport, in its priority order (published in the store).
     std::vector<TransportOffer> addresses;
     std::shared_ptr<Connection> conn;
-    std::shared_ptr<asio::steady_timer> connecting;  ///< set while a connect runs; cancelled when done
-    std::unordered_map<std::uint64_t, PendingCall*, std::hash<std::uint64_t>, std::equal_to<std::uint64_t>,
-                       RecyclingAllocator<std::pair<const std::uint64_t, PendingCall*>>>
-        pending;
+    std::shared_ptr<Event> connecting;  ///< set while a connect runs; set() when it ends
+    PendingCalls pending;               ///< calls awaiting its replies (CallTable)
     std::optional<Error> last_connect_error;
     DeviceMap map;      ///< my device -> its device (device_maps[to])
     DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
@@ -150,9 +126,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<ChannelOffer> channel_offers;
     std::string host;  ///< the TCP listener's (empty without one)
     std::uint16_t port = 0;
-    /// Cancelled once `workers` is known (or the agent closes): inbound peers are admitted against
+    /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
     /// it, so the accept loop waits for it (early connections wait in the listen backlog).
-    asio::steady_timer roster_known;
+    Event roster_known;
     /// The group's shared key (TensorPipeRpcBackendOptions::auth_key and its fallbacks); empty:
     /// none. Never logged.
     std::string auth_key;
@@ -167,13 +143,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     SlotRegistry* slots = nullptr;  // this event loop's, for the calls' slots (looking it up takes a mutex)
     std::vector<ServeWorker*> idle_workers;  // parked serving coroutines (woken to exit by close_local)
 
-    std::uint64_t next_id = 1;
-    std::size_t outstanding = 0;                  // calls of this worker awaiting replies
-    /// Deadlines of pending calls: one timer, at the earliest (re-armed only when a new deadline is
-    /// earlier, which with one common timeout is almost never); a call past it is signalled
-    /// without a result (its caller reports the timeout).
-    DeadlineKeeper deadlines;
-    std::shared_ptr<asio::steady_timer> idle;     // set while shutdown waits for outstanding == 0
+    /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
+    /// graceful shutdown waits to reach zero.
+    CallTable calls;
     AgentMetrics metrics;                         // get_debug_info's counters
     int shutdown_round = 0;
     /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Last: it
@@ -234,8 +206,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Parks `w` for the next request unless the agent is closing, enough are parked already, or
     /// `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
-    void fail_pending(PeerLink& peer, const Connection* conn, const Error& reason);
-    void call_finished();
     [[nodiscard]] asio::thread_pool& worker_pool();
 };
 

@@ -63,51 +63,6 @@ std::string seconds_str(double s) {
     return buf;
 }
 
-/// Owns a call's PendingCall (from the per-thread free lists: it is what the reply path points at,
-/// and keeping it out of the caller's coroutine frame keeps that frame small enough for Asio's
-/// frame cache). Unlinks the call from its peer's pending map and the deadlines when the caller's
-/// frame ends (a reply, a timeout, a cancellation or the frame being destroyed).
-class CallHandle {
-public:
-    CallHandle(AgentCore& core, PeerLink& peer, std::uint64_t id)
-        : core_(&core), peer_(&peer), id_(id), pc_(recycled_new<PendingCall>(core.slots)) {}
-    CallHandle(const CallHandle&) = delete;
-    CallHandle& operator=(const CallHandle&) = delete;
-    ~CallHandle() {
-        // A reply or a lost connection already unlinked it (and set the result); only a timeout,
-        // a cancellation or the frame's destruction leaves it in the map.
-        if (linked_ && !pc_->result) peer_->pending.erase(id_);
-        core_->deadlines.remove(*pc_);
-        recycled_delete(pc_);
-    }
-    PendingCall& operator*() const noexcept { return *pc_; }
-    PendingCall* operator->() const noexcept { return pc_; }
-    void link() {
-        peer_->pending.emplace(id_, pc_);
-        linked_ = true;
-    }
-
-private:
-    AgentCore* core_;
-    PeerLink* peer_;
-    std::uint64_t id_;
-    PendingCall* pc_;
-    bool linked_ = false;
-};
-
-/// The pending call that reply `id` answers, unlinked from its peer; null for a late reply (the
-/// call timed out or was cancelled), which is dropped.
-PendingCall* take_pending(PeerLink& peer, std::uint64_t id) {
-    auto it = peer.pending.find(id);
-    if (it == peer.pending.end()) {
-        log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
-        return nullptr;
-    }
-    PendingCall* pc = it->second;
-    peer.pending.erase(it);
-    return pc;
-}
-
 /// Receives on one of the agent's connections (outgoing: `rank` >= 0, replies to our calls and
 /// requests; inbound: requests only): requests go to serving workers, replies resume their calls.
 /// Runs inside the connection's reads (Connection::dispatch_to): a reply resumes its caller in
@@ -145,7 +100,7 @@ public:
             if (code == Errc::connection_lost)
                 log(LogLevel::info, "rpc", "worker \"" + core.self.name + "\" lost its connection to worker \"" +
                                                peer.info.name + "\": " + why.message());
-            core.fail_pending(peer, conn_.get(),
+            core.calls.fail(peer.pending, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
         }
         if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost)
@@ -163,8 +118,11 @@ private:
             return;
         }
         PeerLink& peer = *peer_;
-        PendingCall* pc = take_pending(peer, id);
-        if (!pc) return;
+        PendingCall* pc = CallTable::take(peer.pending, id);
+        if (!pc) {
+            log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
+            return;
+        }
         if (kind == FrameKind::error)
             pc->finish(fail(decode_error(payload, peer.info.name)));
         else if (alloc_error)
@@ -212,24 +170,6 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
                                                       "\": " + t.error().message(),
                               self.name));
     return t;
-}
-
-void AgentCore::fail_pending(PeerLink& peer, const Connection* conn, const Error& reason) {
-    // Ids first: finishing a call resumes its caller in place, which may start other calls.
-    std::vector<std::uint64_t> ids;
-    for (const auto& [id, pc] : peer.pending)
-        if (conn == nullptr || pc->conn == conn) ids.push_back(id);
-    for (auto id : ids) {
-        auto it = peer.pending.find(id);
-        if (it == peer.pending.end()) continue;
-        PendingCall* pc = it->second;
-        peer.pending.erase(it);
-        pc->finish(fail(reason));
-    }
-}
-
-void AgentCore::call_finished() {
-    if (--outstanding == 0 && idle) idle->cancel();
 }
 
 asio::thread_pool& AgentCore::worker_pool() {
@@ -307,9 +247,9 @@ Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, 
     if (!rank) co_return fail(std::move(rank).error());
     const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
     if (*rank == self.id) {  // to self: no socket, but the same handler path
-        ++outstanding;
+        calls.add_local();
         auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
-        call_finished();
+        calls.finished();
         if (!r && r.error().code() == Errc::timeout)
             co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs)));
         co_return r;
@@ -341,28 +281,25 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
-    const std::uint64_t id = next_id++;
-    CallHandle pc(*this, peer, id);
+    const std::uint64_t id = calls.next_id();
+    PendingCallHandle pc(calls, peer.pending, id, slots);
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
     // A lone call is written at once; calls made while others are in flight share the writer's
     // gathered write (the replies that resume them arrive together).
-    if (auto sent = send_request(peer, id, handler, message, outstanding == 0); !sent) {
+    if (auto sent = send_request(peer, id, handler, message, calls.outstanding() == 0); !sent) {
         pc->result = fail(std::move(sent).error());
         metrics.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);
     }
     metrics.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
     pc->conn = peer.conn.get();
-    pc.link();
-    deadlines.add(*pc, deadline);
-    ++outstanding;
+    pc.add(deadline);
     std::error_code ec;
     if (!pc->signalled) {
         co_await pc->done.wait();
         ec = pc->done.error();
     }
-    call_finished();
     if (pc->result) {
         metrics.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);

@@ -18,11 +18,21 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
         if (p.conn && p.conn->is_open()) co_return p.conn;
         if (!p.connecting) break;
-        auto wait = p.connecting;
-        co_await wait->async_wait(use_nothrow);
+        auto wait = p.connecting;  // (the connect may end, and a new one begin, while we wait)
+        auto ec = co_await wait->wait();
+        if (ec) co_return fail(from_error_code(ec, "waiting for the connection to worker \"" + p.info.name + "\""));
         if (!(p.conn && p.conn->is_open()) && p.last_connect_error) co_return fail(*p.last_connect_error);
     }
-    p.connecting = std::make_shared<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+    // Whoever waits on this connect resumes (in place) once it has ended, its outcome recorded.
+    struct ConnectEnded {
+        PeerLink& p;
+        std::shared_ptr<Event> done = std::make_shared<Event>();
+        ~ConnectEnded() {
+            if (p.connecting == done) p.connecting.reset();
+            done->set();
+        }
+    } ended{p};
+    p.connecting = ended.done;
     auto limits = tuning.limits;
     if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
     HandshakeAuth auth;
@@ -46,9 +56,6 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         auto connecting = Connection::connect(std::move(*address), hello(), limits, std::move(auth));
         c.emplace(co_await std::move(connecting));
     }
-    auto done = std::move(p.connecting);
-    p.connecting.reset();
-    done->cancel();
     if (!*c) {
         // A refusal (or a peer that fails our check of its key) is unauthorized, and no common
         // transport is not_supported: retrying will not help either.

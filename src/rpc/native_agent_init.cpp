@@ -115,8 +115,8 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
     // Peers are admitted against the roster, which start() reads after listening; a peer that is
     // faster waits in the listen backlog until then (within its handshake timeout).
     while (!core->roster_read && core->state == AgentCore::State::starting) {
-        auto [ec] = co_await core->roster_known.async_wait(use_nothrow);
-        (void)ec;  // cancel() is the signal
+        auto ec = co_await core->roster_known.wait();
+        (void)ec;  // set() is the signal (also when closing)
     }
     for (;;) {
         if (core->state == AgentCore::State::closed) co_return;
@@ -157,9 +157,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       tuning(std::move(t)),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
-      roster_known(ex, asio::steady_timer::time_point::max()),
       handlers(self.name),
-      deadlines(ex, tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }),  // (tasks: bound, used later)
+      calls(ex, tasks),  // (tasks: bound now, used later)
       tasks(ex) {
     slots = &SlotRegistry::of(ex);
     if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
@@ -367,7 +366,7 @@ Task<Result<void>> AgentCore::start() {
         (*link)->addresses = std::move(rec.addresses);
     }
     roster_read = true;
-    roster_known.cancel();
+    roster_known.set();
     // The seed's exchange: every worker's maps checked as a static group, my reverse maps built.
     DeviceMaps my_maps;
     if (tp_options) my_maps = tp_options->device_maps;
@@ -408,20 +407,16 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
     if (graceful && state == State::running) {
         state = State::draining;
         const auto deadline = shutdown_deadline;
-        while (outstanding > 0) {
-            idle = std::make_shared<asio::steady_timer>(ex, deadline);
-            auto t = idle;
-            auto [ec] = co_await t->async_wait(use_nothrow);
-            idle.reset();
-            if (!ec && outstanding > 0) {
+        {
+            auto draining = calls.drained(deadline);
+            if (!co_await std::move(draining)) {
                 std::string to;
                 peers.for_each([&to](const PeerLink& p) {
                     if (!p.pending.empty()) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
                 });
-                result = fail(Errc::timeout, std::to_string(outstanding) + " call(s) of worker \"" + self.name +
+                result = fail(Errc::timeout, std::to_string(calls.outstanding()) + " call(s) of worker \"" + self.name +
                                                  "\" were still outstanding when the shutdown timeout passed" +
                                                  (to.empty() ? std::string() : " (awaiting replies from " + to + ")"));
-                break;
             }
         }
         if (result) {
@@ -468,21 +463,20 @@ void AgentCore::close_local(const Error& reason) {
     state = State::closed;
     closed.store(true, std::memory_order_release);
     for (auto& l : listeners) l->close();
-    roster_known.cancel();
+    roster_known.set();
     peers.for_each([&](PeerLink& p) {
-        fail_pending(p, nullptr, reason);
+        calls.fail(p.pending, nullptr, reason);
         if (p.conn) p.conn->close(reason);
         p.conn.reset();
-        if (p.connecting) p.connecting->cancel();
+        if (p.connecting) p.connecting->set();
     });
     for (auto& w : inbound)
         if (auto c = w.lock()) c->close(reason);
     inbound.clear();
-    if (idle) idle->cancel();
-    deadlines.close();
     release_workers();
     tasks.close();
     tasks.cancel();
+    calls.close();  // (last: it resumes a draining shutdown in place)
 }
 
 Task<bool> AgentCore::join_tasks(Duration limit) {

@@ -1,0 +1,143 @@
+// CallTable: the calls a worker waits on (their ids, each peer's pending calls by id, their
+// deadlines, and how many are outstanding for a graceful shutdown to wait on).
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/rpc/message.hpp>
+
+#include "core/deadline_queue.hpp"
+#include "core/event.hpp"
+#include "core/recycled.hpp"
+#include "core/resume_slot.hpp"
+#include "core/task_group.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace tensorplay {
+class Connection;
+}
+
+namespace tensorplay::detail {
+
+/// A call waiting for its reply; lives outside the caller's coroutine frame (PendingCallHandle).
+/// Signalled once, by the reply, a lost connection or its deadline. The signal resumes the caller
+/// in place: a reply read by the connection's reader runs the caller's continuation at once, with
+/// no trip through the event loop's queue (each such trip costs an epoll_wait system call).
+struct PendingCall : DeadlineHook {
+    explicit PendingCall(SlotRegistry* slots) : done(slots) {}
+    ResumeSlot done;
+    bool signalled = false;
+    std::optional<Result<Message>> result;  ///< unset after the signal: the deadline passed
+    const Connection* conn = nullptr;       ///< the connection the request went out on
+
+    void signal() {
+        signalled = true;
+        done.complete();
+    }
+    void finish(Result<Message> r) {
+        result = std::move(r);
+        signal();
+    }
+};
+
+/// One peer's pending calls by request id (a reply names its id).
+using PendingCalls = std::unordered_map<std::uint64_t, PendingCall*, std::hash<std::uint64_t>, std::equal_to<std::uint64_t>,
+                                        RecyclingAllocator<std::pair<const std::uint64_t, PendingCall*>>>;
+
+/// The calls of one worker. Strand-bound to the agent's executor. A call is registered once its
+/// request is sent (add), taken by its reply (take) or failed with its connection (fail), and
+/// ended when its caller's frame ends (end: a reply, a timeout, a cancellation, or the frame's
+/// destruction). Deadlines: one DeadlineKeeper (no timer per call; arming one costs a
+/// timerfd_settime system call); a call past its deadline is signalled without a result.
+class CallTable {
+public:
+    /// `tasks` owns the deadline sweep.
+    CallTable(Executor ex, TaskGroup& tasks);
+    CallTable(const CallTable&) = delete;
+    CallTable& operator=(const CallTable&) = delete;
+
+    /// A new request id (unique for this worker).
+    [[nodiscard]] std::uint64_t next_id() noexcept { return next_id_++; }
+    /// Calls registered and not yet ended.
+    [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_; }
+
+    /// Registers `pc`, sent to the peer whose pending calls are `pending`, as `id`, due at `at`
+    /// (time_point::max(): no deadline). Counted outstanding until end().
+    void add(PendingCalls& pending, std::uint64_t id, PendingCall& pc, Clock::time_point at) {
+        pending.emplace(id, &pc);
+        deadlines_.add(pc, at);
+        ++outstanding_;
+    }
+    /// Counts a call outstanding that has no request on a wire (a call to this worker itself).
+    void add_local() noexcept { ++outstanding_; }
+    /// The call that reply `id` answers, taken out of `pending`; null for a late reply (the call
+    /// timed out or was cancelled).
+    [[nodiscard]] static PendingCall* take(PendingCalls& pending, std::uint64_t id) {
+        auto it = pending.find(id);
+        if (it == pending.end()) return nullptr;
+        PendingCall* pc = it->second;
+        pending.erase(it);
+        return pc;
+    }
+    /// Takes `pc` (registered as `id` in `pending`) out of the map when no reply took it, and out
+    /// of the deadlines; finished() then ends its count.
+    void remove(PendingCalls& pending, std::uint64_t id, PendingCall& pc) noexcept;
+    /// Ends the count of a call (added with add or add_local). When nothing is outstanding any
+    /// more, a drained() waiter resumes in place, inside this call: call it last.
+    void finished() noexcept {
+        if (--outstanding_ == 0 && idle_.waiters() != 0) idle_.set();
+    }
+    /// Finishes every call of `pending` sent on `conn` (null: every one) with `reason`.
+    void fail(PendingCalls& pending, const Connection* conn, const Error& reason);
+
+    /// Completes once nothing is outstanding (true), or at `deadline` (false), or when the table
+    /// closes (true when nothing is outstanding then).
+    [[nodiscard]] Task<bool> drained(Clock::time_point deadline);
+    /// Stops the deadlines (no more timeouts: the owner fails every call itself) and ends drained().
+    void close();
+
+private:
+    std::uint64_t next_id_ = 1;
+    std::size_t outstanding_ = 0;
+    DeadlineKeeper deadlines_;
+    Event idle_;  // set when outstanding_ reaches zero with drained() waiting
+    bool closed_ = false;
+};
+
+/// Owns a call's PendingCall (from the per-thread free lists: it is what the reply path points
+/// at, and keeping it out of the caller's coroutine frame keeps that frame small enough for
+/// Asio's frame cache); ends the call in its table when the caller's frame ends.
+class PendingCallHandle {
+public:
+    PendingCallHandle(CallTable& table, PendingCalls& pending, std::uint64_t id, SlotRegistry* slots)
+        : table_(&table), pending_(&pending), id_(id), pc_(recycled_new<PendingCall>(slots)) {}
+    PendingCallHandle(const PendingCallHandle&) = delete;
+    PendingCallHandle& operator=(const PendingCallHandle&) = delete;
+    ~PendingCallHandle() {
+        if (added_) table_->remove(*pending_, id_, *pc_);
+        recycled_delete(pc_);
+        if (added_) table_->finished();  // (last: it may resume a shutdown in place)
+    }
+    PendingCall& operator*() const noexcept { return *pc_; }
+    PendingCall* operator->() const noexcept { return pc_; }
+    /// Registers the call (its request is sent), due at `at`.
+    void add(Clock::time_point at) {
+        table_->add(*pending_, id_, *pc_, at);
+        added_ = true;
+    }
+
+private:
+    CallTable* table_;
+    PendingCalls* pending_;
+    std::uint64_t id_;
+    PendingCall* pc_;
+    bool added_ = false;
+};
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,177 @@
+// CallTable: a worker's calls registered, answered, failed with their connection, timed out by
+// the one deadline keeper, and drained by a graceful shutdown.
+#include "rpc/call_table.hpp"
+
+#include <tensorplay/core/timeout.hpp>
+
+#include "support/deadline.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <memory>
+
+using namespace tensorplay;
+using namespace std::chrono_literals;
+using detail::CallTable;
+using detail::PendingCall;
+using detail::PendingCallHandle;
+using detail::PendingCalls;
+using detail::TaskGroup;
+
+namespace {
+
+const auto never = Clock::time_point::max();
+
+/// A caller as the agent's call() is one: registers, parks until signalled, ends with its frame.
+Task<void> caller(CallTable& table, PendingCalls& pending, std::uint64_t id, Clock::time_point due, const Connection* conn,
+                  std::optional<Result<Message>>& out, bool& timed_out) {
+    PendingCallHandle pc(table, pending, id, nullptr);
+    pc->conn = conn;
+    pc.add(due);
+    if (!pc->signalled) co_await pc->done.wait();
+    timed_out = !pc->result;
+    if (pc->result) out = std::move(*pc->result);
+}
+
+Task<void> pause(Duration d) {
+    asio::steady_timer t(co_await asio::this_coro::executor, d);
+    co_await t.async_wait(detail::use_nothrow);
+}
+
+}  // namespace
+
+TEST_CASE("a reply takes its call; a late reply finds nothing; the count follows the callers' frames", "[rpc][calls]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TaskGroup tasks(ex);
+        CallTable table(ex, tasks);
+        PendingCalls pending;
+        const auto a = table.next_id(), b = table.next_id();
+        CHECK(a != b);
+        std::optional<Result<Message>> ra, rb;
+        bool ta = false, tb = false;
+        asio::co_spawn(ex, caller(table, pending, a, never, nullptr, ra, ta), asio::detached);
+        asio::co_spawn(ex, caller(table, pending, b, never, nullptr, rb, tb), asio::detached);
+        co_await pause(1ms);
+        CHECK(table.outstanding() == 2);
+        CHECK(pending.size() == 2);
+        PendingCall* pa = CallTable::take(pending, a);
+        REQUIRE(pa);
+        CHECK(CallTable::take(pending, a) == nullptr);  // a second reply with the same id: late
+        pa->finish(Message{Bytes{'A'}, {}});  // resumes the caller in place
+        REQUIRE(ra);
+        REQUIRE(*ra);
+        CHECK(to_string((*ra)->payload) == "A");
+        CHECK(table.outstanding() == 1);
+        CHECK(pending.size() == 1);
+        table.fail(pending, nullptr, Error(Errc::connection_lost, "gone"));
+        REQUIRE(rb);
+        CHECK(rb->error().code() == Errc::connection_lost);
+        CHECK(table.outstanding() == 0);
+        CHECK(pending.empty());
+        table.close();
+        tasks.cancel();
+        co_await tasks.join();
+    });
+}
+
+TEST_CASE("a call past its deadline is signalled without a result and leaves the map; others wait on", "[rpc][calls]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TaskGroup tasks(ex);
+        CallTable table(ex, tasks);
+        PendingCalls pending;
+        std::optional<Result<Message>> r1, r2;
+        bool t1 = false, t2 = false;
+        asio::co_spawn(ex, caller(table, pending, 1, Clock::now() + 20ms, nullptr, r1, t1), asio::detached);
+        asio::co_spawn(ex, caller(table, pending, 2, Clock::now() + 10s, nullptr, r2, t2), asio::detached);
+        for (int i = 0; i < 500 && !t1; ++i) co_await pause(2ms);
+        CHECK(t1);
+        CHECK_FALSE(r1);
+        CHECK(pending.size() == 1);  // the timed-out call left; the other stays
+        CHECK(pending.count(2) == 1);
+        CHECK(table.outstanding() == 1);
+        CHECK_FALSE(t2);
+        table.fail(pending, nullptr, Error(Errc::shutdown, "closing"));
+        CHECK(r2);
+        table.close();
+        tasks.cancel();
+        co_await tasks.join();
+    });
+}
+
+TEST_CASE("failing a connection's calls leaves the calls sent on another connection", "[rpc][calls]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TaskGroup tasks(ex);
+        CallTable table(ex, tasks);
+        PendingCalls pending;
+        const auto* old_conn = reinterpret_cast<const Connection*>(0x1000);
+        const auto* new_conn = reinterpret_cast<const Connection*>(0x2000);
+        std::optional<Result<Message>> r[3];
+        bool t[3] = {};
+        asio::co_spawn(ex, caller(table, pending, 1, never, old_conn, r[0], t[0]), asio::detached);
+        asio::co_spawn(ex, caller(table, pending, 2, never, new_conn, r[1], t[1]), asio::detached);
+        asio::co_spawn(ex, caller(table, pending, 3, never, old_conn, r[2], t[2]), asio::detached);
+        co_await pause(1ms);
+        table.fail(pending, old_conn, Error(Errc::connection_lost, "old connection lost"));
+        CHECK(r[0]);
+        CHECK_FALSE(r[1]);
+        CHECK(r[2]);
+        CHECK(pending.size() == 1);
+        CHECK(table.outstanding() == 1);
+        table.fail(pending, nullptr, Error(Errc::shutdown, "closing"));
+        table.close();
+        tasks.cancel();
+        co_await tasks.join();
+    });
+}
+
+TEST_CASE("drained() waits for the last call, gives up at its deadline, and ends when the table closes", "[rpc][calls]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TaskGroup tasks(ex);
+        CallTable table(ex, tasks);
+        PendingCalls pending;
+        const bool at_once = co_await table.drained(never);  // nothing outstanding: at once
+        CHECK(at_once);
+
+        std::optional<Result<Message>> r;
+        bool t = false;
+        asio::co_spawn(ex, caller(table, pending, 7, never, nullptr, r, t), asio::detached);
+        co_await pause(1ms);
+        const auto began = Clock::now();
+        const bool in_time = co_await table.drained(Clock::now() + 30ms);  // the call stays: the deadline ends it
+        CHECK_FALSE(in_time);
+        CHECK(Clock::now() - began >= 25ms);
+
+        // The reply comes while a shutdown drains: it resumes the drain.
+        asio::co_spawn(
+            ex,
+            [](CallTable& tb, PendingCalls& p) -> Task<void> {
+                co_await pause(20ms);
+                tb.fail(p, nullptr, Error(Errc::connection_lost, "gone"));
+            }(table, pending),
+            asio::detached);
+        const bool after_reply = co_await table.drained(Clock::now() + 5s);
+        CHECK(after_reply);
+        CHECK(table.outstanding() == 0);
+
+        // A local call stays outstanding: closing the table ends the drain (not drained).
+        table.add_local();
+        asio::co_spawn(
+            ex,
+            [](CallTable& tb) -> Task<void> {
+                co_await pause(20ms);
+                tb.close();
+            }(table),
+            asio::detached);
+        const bool at_close = co_await table.drained(never);
+        CHECK_FALSE(at_close);
+        table.finished();
+        tasks.cancel();
+        co_await tasks.join();
+    });
+}
