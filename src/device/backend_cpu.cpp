@@ -5,12 +5,9 @@
 
 #include <tensorplay/config.hpp>
 
-#include <asio/async_result.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/execution/outstanding_work.hpp>
-#include <asio/post.hpp>
-#include <asio/prefer.hpp>
-#include <asio/use_awaitable.hpp>
+#include "core/event.hpp"
+
+#include <asio/this_coro.hpp>
 
 #include <sys/mman.h>
 
@@ -137,16 +134,12 @@ HostStorage::~HostStorage() {
 
 Task<Result<void>> await_event(std::shared_ptr<EventState> state) {
     if (!state || state->ready()) co_return ok();
-    // The completion may come from any thread; it is posted to the awaiting coroutine's executor,
-    // which is kept busy (outstanding work) until then so that its run() does not return early.
-    // The initiation is a named local: as a temporary inside the co_await expression, GCC 12
-    // destroyed it (and its copy of `state`) twice.
-    auto initiation = [state](auto handler) {
-        auto ex = asio::prefer(asio::get_associated_executor(handler), asio::execution::outstanding_work.tracked);
-        auto shared = std::make_shared<decltype(handler)>(std::move(handler));
-        state->on_ready([shared, ex]() mutable { asio::post(ex, [shared]() mutable { std::move(*shared)(); }); });
-    };
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(initiation, asio::use_awaitable);
+    // The completion may come from any thread: the signal posts it to this coroutine's executor
+    // (which counts the parked wait as outstanding work, so that its run() does not return early).
+    RemoteSignal signal(co_await asio::this_coro::executor);
+    state->on_ready([n = signal.notifier()] { n.notify(); });
+    auto ec = co_await signal.wait();
+    if (ec) co_return fail(from_error_code(ec, "waiting for a device event"));
     co_return ok();
 }
 

@@ -1,4 +1,5 @@
 // Tests of the device backends: cpu allocation, the sim backend's streams and events, the registry.
+#include <tensorplay/core/timeout.hpp>
 #include <tensorplay/device/backend.hpp>
 
 #include "support/deadline.hpp"
@@ -168,6 +169,33 @@ TEST_CASE("awaiting a sim event resumes the coroutine on its executor without bl
         CHECK(ticked->load());
         CHECK(ex.target<asio::io_context::executor_type>()->running_in_this_thread());
     });
+}
+
+TEST_CASE("a wait on a sim event ends when cancelled (a timeout); the event completing later harms nothing",
+          "[device][backend][sim]") {
+    SimGuard g(sim(1));
+    auto s = g.backend.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    std::atomic<bool> release{false};
+    REQUIRE(g.backend.enqueue_host(*s, [&] {
+        while (!release.load()) std::this_thread::sleep_for(1ms);  // holds the stream until told
+    }));
+    auto ev = g.backend.record_event(*s);
+    REQUIRE(ev);
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto waiting = g.backend.wait(*ev);
+        auto r = co_await with_timeout(std::move(waiting), 30ms);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+    });
+    CHECK_FALSE(ev->ready());
+    release = true;  // the event completes with nobody waiting (its notification finds no one)
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto again = g.backend.wait(*ev);
+        auto r = co_await std::move(again);
+        CHECK(r);
+    });
+    CHECK(ev->ready());
 }
 
 TEST_CASE("pooled sim streams of a device are distinct from its default stream", "[device][backend][sim]") {
