@@ -5,7 +5,7 @@
 #include <asio/post.hpp>
 #include <asio/prefer.hpp>
 
-#include <atomic>
+#include <mutex>
 #include <utility>
 
 namespace tensorplay::detail {
@@ -76,10 +76,13 @@ Task<std::error_code> Event::wait() {
 struct RemoteSignal::Notifier::State {
     explicit State(asio::any_io_executor e) : ex(std::move(e)) {}
     asio::any_io_executor ex;
-    ResumeSlot slot;              // touched on ex only
-    bool fired = false;           // on ex only: the completion ran
-    std::error_code ec;           // on ex only
-    std::atomic<bool> notified{false};
+    ResumeSlot slot;  // touched on ex only
+    // The notifier posts to ex only while a wait is parked: once the waiter has gone (cancelled,
+    // or destroyed with its event loop) that loop may be gone too.
+    std::mutex mutex;
+    bool parked = false;    // guarded by mutex
+    bool notified = false;  // guarded by mutex
+    std::error_code ec;     // guarded by mutex; set with notified
 };
 
 RemoteSignal::RemoteSignal(asio::any_io_executor ex) : s_(std::make_shared<Notifier::State>(std::move(ex))) {}
@@ -91,22 +94,42 @@ RemoteSignal::Notifier RemoteSignal::notifier() const {
 }
 
 void RemoteSignal::Notifier::notify(std::error_code ec) const {
-    if (!s_ || s_->notified.exchange(true, std::memory_order_acq_rel)) return;
-    asio::post(s_->ex, [s = s_, ec] {
-        s->fired = true;
-        s->ec = ec;
-        s->slot.complete(ec);
-    });
+    if (!s_) return;
+    std::lock_guard lock(s_->mutex);
+    if (s_->notified) return;
+    s_->notified = true;
+    s_->ec = ec;
+    if (s_->parked) asio::post(s_->ex, [s = s_, ec] { s->slot.complete(ec); });
 }
+
+namespace {
+/// Marks a RemoteSignal's wait parked for as long as its frame waits (also when the frame is
+/// destroyed unresumed).
+template <class State>
+struct Parked {
+    State& s;
+    explicit Parked(State& st) : s(st) {}
+    ~Parked() {
+        std::lock_guard lock(s.mutex);
+        s.parked = false;
+    }
+};
+}  // namespace
 
 Task<std::error_code> RemoteSignal::wait() {
     auto s = s_;
-    if (s->fired) co_return s->ec;
+    {
+        std::lock_guard lock(s->mutex);
+        if (s->notified) co_return s->ec;
+        s->parked = true;
+    }
+    Parked<Notifier::State> parked(*s);
     // Outstanding work while parked: the notifier's post may come from a thread the event loop
     // does not know about, after everything else it runs has ended.
     auto work = asio::prefer(s->ex, asio::execution::outstanding_work.tracked);
     co_await s->slot.wait();
-    co_return s->fired ? s->ec : s->slot.error();
+    std::lock_guard lock(s->mutex);
+    co_return s->notified ? s->ec : s->slot.error();
 }
 
 }  // namespace tensorplay::detail

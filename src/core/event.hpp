@@ -51,8 +51,9 @@ private:
 
 /// A one-shot completion whose notifier may run on any thread: notify() posts the completion to
 /// the waiter's executor, where wait() observes it (before or after it began). The waiter may be
-/// cancelled and go; a late notify() then completes nothing. While a wait is parked the
-/// executor's event loop counts it as outstanding work (its run() does not return).
+/// cancelled and go, and its event loop with it: a later notify() then touches nothing of that
+/// loop. While a wait is parked the executor's event loop counts it as outstanding work (its
+/// run() does not return).
 class RemoteSignal {
 public:
     /// A signal whose waiter runs on `ex`.
