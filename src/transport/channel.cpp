@@ -107,7 +107,7 @@ bool chose_cma(const Negotiated& n) noexcept {
     return std::any_of(n.channels.begin(), n.channels.end(), [](const ChannelChoice& c) { return c.channel == "cma"; });
 }
 
-bool cma_usable(const HelloInfo& local, const HelloInfo& peer) {
+bool cma_usable(const HelloInfo& local, const HelloInfo& peer, int fd, int known_pid) {
     const ChannelOffer* mine = find_cma(local);
     const ChannelOffer* theirs = find_cma(peer);
     if (!mine || !theirs) return false;
@@ -120,6 +120,14 @@ bool cma_usable(const HelloInfo& local, const HelloInfo& peer) {
     auto them = decode_cma_params(theirs->params);
     if (!me) return no(me.error().message());
     if (!them) return no(them.error().message());
+    if (!cma::peer_process_is(fd, known_pid, them->identity.pid)) {
+        // Not the process we talk to (or it cannot be told): reading that pid could hand us
+        // another process's memory. A well-behaved peer never gets here.
+        log(LogLevel::warn, "transport", "cma with " + who + " is not used (basic instead): its offer names pid " +
+                                             std::to_string(them->identity.pid) + ", which is not the process at the other end of the connection" +
+                                             (known_pid >= 0 ? " (pid " + std::to_string(known_pid) + ")" : std::string()));
+        return false;
+    }
     if (auto v = cma::check_viable(me->identity, them->identity); !v) return no(v.error().message());
     if (auto v = cma::check_viable(them->identity, me->identity); !v) return no("it cannot read us: " + v.error().message());
     if (!cma::probe(them->probe)) return no("the live probe of its memory failed (seccomp, an LSM or a wrong probe target)");

@@ -50,11 +50,12 @@ void prepare_channel_offers(HelloInfo& info);
 /// Whether the answer chose cma for some pair.
 [[nodiscard]] bool chose_cma(const Negotiated& n) noexcept;
 
-/// Whether this side may read `peer`'s memory with cma: both offer it, the identities pass
-/// check_viable in the direction `reader_is_local` says (and the other direction too, as the peer
-/// will read us), and the live probe of the peer's buffer succeeds. False (with the reason logged
-/// at debug) otherwise.
-[[nodiscard]] bool cma_usable(const HelloInfo& local, const HelloInfo& peer);
+/// Whether this side may read `peer`'s memory with cma: both offer it, the pid its offer names is
+/// the process at the other end of the connection's socket `fd` (cma::peer_process_is, with
+/// `known_pid` from SO_PEERCRED for the Unix-socket transports, -1 for TCP), the identities pass
+/// check_viable both ways (the peer will read us too), and the live probe of the peer's buffer
+/// succeeds. False (with the reason logged) otherwise.
+[[nodiscard]] bool cma_usable(const HelloInfo& local, const HelloInfo& peer, int fd, int known_pid);
 
 /// The channels of one connection, as the sender and the receiver look them up.
 class ChannelTable {

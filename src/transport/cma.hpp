@@ -59,6 +59,16 @@ struct ProbeTarget {
 /// seccomp, EACCES, ESRCH, a mismatch) is false, silently: cma is then not used.
 [[nodiscard]] bool probe(const ProbeTarget& peer) noexcept;
 
+/// Whether process `pid` is the one at the other end of the connected socket `fd`, as far as this
+/// host's kernel tells: `known_pid` (>= 0) is the peer's pid as the kernel reported it already
+/// (SO_PEERCRED of a Unix socket, taken when it connected), which must equal `pid`; otherwise,
+/// for a Unix socket its SO_PEERCRED pid must, and for TCP `pid` must hold the socket at the other end (found by the two endpoints in
+/// /proc/net/tcp or tcp6, then among /proc/<pid>/fd, which only a process allowed to read
+/// `pid`'s memory may list). False whenever it cannot be told. A cma reader checks the pid a
+/// peer's offer names with it: without the check a peer could name another process of the same
+/// user and have us read that process's memory into its tensors.
+[[nodiscard]] bool peer_process_is(int fd, int known_pid, int pid) noexcept;
+
 /// One syscall reads at most this much (a huge read is several calls, each bounded).
 inline constexpr std::size_t kDefaultChunk = std::size_t(16) << 20;
 

@@ -304,6 +304,7 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         if (s->shm) s->shm_spin = shm::spin_from_env();
         s->transport = std::move(stream->transport);
         s->endpoint = std::move(stream->endpoint);
+        s->peer_pid = stream->peer_pid;
         // (The handshake finds `auth` in the state: GCC 12 mis-destroyed it as a coroutine argument.)
         s->auth = auth;
         auto handshake = client_handshake(s, local);
@@ -403,6 +404,7 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(detail::Stream stre
     if (s->shm) s->shm_spin = detail::shm::spin_from_env();
     s->transport = std::move(stream.transport);
     s->endpoint = std::move(stream.endpoint);
+    s->peer_pid = stream.peer_pid;
     s->auth = std::move(auth);
     auto handshake = detail::server_handshake(s, std::move(local));
     auto peer = co_await with_timeout(std::move(handshake), timeout);

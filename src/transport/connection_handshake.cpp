@@ -125,7 +125,7 @@ Task<Result<void>> read_verdict(ConnectionState& s, const HelloInfo& server, con
 Task<Result<void>> send_verdict(ConnectionState& s, const HelloInfo& client, const HelloInfo& server) {
     AuthRecord rec;
     rec.kind = AuthRecordKind::channels;
-    rec.readable = cma_usable(client, server);
+    rec.readable = cma_usable(client, server, s.socket.native_handle(), s.peer_pid);
     const Bytes out = encode_auth_record(rec);
     if (auto w = co_await write_all(s, out); !w) co_return fail(w.error());
     if (rec.readable) co_return ok();
@@ -263,7 +263,8 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
     }
     // cma is offered to this client only when we can read it (identities and the live probe of its
     // memory) and it, as far as identities tell, us; its own probe of us comes as its verdict.
-    if (offers_cma(mine.info) && !cma_usable(mine.info, theirs->info)) mine.info = without_cma(std::move(mine.info));
+    if (offers_cma(mine.info) && !cma_usable(mine.info, theirs->info, s->socket.native_handle(), s->peer_pid))
+        mine.info = without_cma(std::move(mine.info));
     // The server decides; a hello without an answer tells the client that nothing is common.
     auto chosen = negotiate(mine.info, theirs->info, s->transport);
     if (!chosen) {

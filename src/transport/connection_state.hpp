@@ -92,6 +92,7 @@ struct ConnectionState {
     HelloInfo peer;
     HandshakeAuth auth;  ///< during the handshake only
     std::string endpoint;
+    int peer_pid = -1;  ///< the peer's pid as the kernel reported it (Stream::peer_pid); -1: unknown (TCP)
     TensorAllocator allocator;
     /// Which channel carries each tensor's bytes (set when the handshake is done).
     ChannelTable channels;

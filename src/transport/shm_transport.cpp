@@ -58,7 +58,7 @@ public:
         auto peer = co_await std::move(accepting);
         if (!peer) co_return fail(std::move(peer).error());
         std::string endpoint = address_.str() + " (pid " + std::to_string(peer->pid) + ")";
-        co_return Stream{std::move(peer->socket), "shm", std::move(endpoint), false, nullptr};
+        co_return Stream{std::move(peer->socket), "shm", std::move(endpoint), false, nullptr, peer->pid};
     }
 
     void close() override { acceptor_.close(); }
@@ -88,7 +88,8 @@ public:
         auto connecting = connect_abstract(address.name, address.str());
         auto socket = co_await std::move(connecting);
         if (!socket) co_return fail(std::move(socket).error());
-        Stream s{std::move(*socket), "shm", address.str(), false, nullptr};
+        const int pid = peer_pid_of(*socket);
+        Stream s{std::move(*socket), "shm", address.str(), false, nullptr, pid};
         const Duration limit = shm::ShmOptions{}.setup_timeout;
         if (auto r = co_await establish(s, limit); !r) co_return fail(std::move(r).error());
         co_return std::move(s);

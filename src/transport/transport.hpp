@@ -30,6 +30,9 @@ struct Stream {
     /// shm: the rings the bytes run over (`socket` is then closed: the ShmConnection holds the
     /// setup socket). Null on a stream an shm Listener accepted until finish_accepted() sets it up.
     std::unique_ptr<shm::ShmConnection> shm = nullptr;
+    /// The peer's process as the kernel tells it (SO_PEERCRED: the Unix-socket transports, uds and
+    /// shm); -1 when it cannot be known (TCP). cma reads only a peer whose pid is known this way.
+    int peer_pid = -1;
 };
 
 /// Finishes a stream a Listener accepted: for shm the ring setup over its socket, bounded by

@@ -26,7 +26,7 @@ public:
         auto peer = co_await std::move(accepting);
         if (!peer) co_return fail(std::move(peer).error());
         std::string endpoint = address_.str() + " (pid " + std::to_string(peer->pid) + ")";
-        co_return Stream{std::move(peer->socket), "uds", std::move(endpoint), false};
+        co_return Stream{std::move(peer->socket), "uds", std::move(endpoint), false, nullptr, peer->pid};
     }
 
     void close() override { acceptor_.close(); }
@@ -54,7 +54,8 @@ public:
         auto connecting = connect_abstract(address.name, address.str());
         auto socket = co_await std::move(connecting);
         if (!socket) co_return fail(std::move(socket).error());
-        co_return Stream{std::move(*socket), "uds", address.str(), false};
+        const int pid = peer_pid_of(*socket);
+        co_return Stream{std::move(*socket), "uds", address.str(), false, nullptr, pid};
     }
 
 private:

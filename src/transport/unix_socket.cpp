@@ -75,6 +75,13 @@ void AbstractUnixAcceptor::close() {
     acceptor_.close(ec);
 }
 
+int peer_pid_of(asio::generic::stream_protocol::socket& socket) noexcept {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) return -1;
+    return cred.pid > 0 ? static_cast<int>(cred.pid) : -1;
+}
+
 Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::string name, std::string url) {
     auto ex = co_await asio::this_coro::executor;
     asio::generic::stream_protocol::socket socket(ex);

@@ -44,6 +44,9 @@ private:
     std::string name_, url_;
 };
 
+/// The pid of the process at the other end of a connected Unix socket (SO_PEERCRED), or -1.
+[[nodiscard]] int peer_pid_of(asio::generic::stream_protocol::socket& socket) noexcept;
+
 /// Connects a Unix stream socket to the abstract socket `name` on the awaiting coroutine's
 /// executor (`url` names it in errors).
 [[nodiscard]] Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::string name, std::string url);

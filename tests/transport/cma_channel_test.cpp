@@ -243,44 +243,109 @@ struct Idle {
 };
 }  // namespace
 
-TEST_CASE("the sender's memory going away during a cma read fails that frame alone", "[transport][cma]") {
+namespace {
+/// The sending side of the memory-going-away case, in a forked child: connects to `port`, sends
+/// a frame whose 1 MiB tensor goes by reference, then takes that memory away before the parent
+/// reads it: unmaps its pages (then sends a small frame and waits for its reply), or exits at once
+/// (`gone`). Exit code 0 when everything it did worked.
+int vanishing_sender(std::uint16_t port, bool gone, int go_fd) {
+    asio::io_context ctx(1);
+    bool ok = false;
+    asio::co_spawn(ctx, [&]() -> Task<void> {
+        auto c = co_await Connection::connect("127.0.0.1", port, cma_hello("client", 0), ConnectionLimits{});
+        if (!c || channel_of(**c) != "cma") co_return;
+        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1), pattern_tensor(10, 2)};
+        if (!(*c)->send(frame_of(FrameKind::request, 1, ts), true)) co_return;
+        if (gone) ::_exit(0);  // the process goes with the frame unread
+        // Unmap the pages (the storage is never freed: this process ends with _exit).
+        const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+        const auto beg = reinterpret_cast<std::uintptr_t>(ts[0].data()) & ~(page - 1);
+        const auto end = (reinterpret_cast<std::uintptr_t>(ts[0].data()) + ts[0].nbytes() + page - 1) & ~(page - 1);
+        if (::munmap(reinterpret_cast<void*>(beg), end - beg) != 0) co_return;
+        char b = 1;
+        if (::write(go_fd, &b, 1) != 1) co_return;  // tell the parent to read now
+        std::vector<Tensor> small{pattern_tensor(100, 3)};
+        if (!(*c)->send(frame_of(FrameKind::request, 2, small), true)) co_return;
+        auto reply = co_await (*c)->receive();
+        ok = reply && reply->id == 2;
+    }, [&](std::exception_ptr) {});
+    ctx.run_for(20s);
+    ::_exit(ok ? 0 : 1);
+}
+}  // namespace
+
+TEST_CASE("the sender's memory going away during a cma read fails that frame alone", "[transport][cma][process]") {
     const bool gone = GENERATE(false, true);
     INFO((gone ? "the process is gone" : "the range is not mapped there"));
-    // The client claims the child's pid: the server's probe passes (the child has our probe
-    // buffer), but the tensors it then reads by reference are not mapped in the child (or the
-    // child has exited).
-    Idle child;
-    const HelloInfo client = cma_hello_as("client", 0, child.pid, false);
-    const HelloInfo server = cma_hello("server", 1);
+    // The listening socket exists before the fork (the child connects to it); the parent's
+    // event loop takes it over afterwards.
+    asio::io_context setup(1);
+    asio::ip::tcp::acceptor listening(setup, {asio::ip::make_address("127.0.0.1"), 0});
+    const auto port = listening.local_endpoint().port();
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(go[0]);
+        vanishing_sender(port, gone, go[1]);
+    }
+    ::close(go[1]);
     test::run_with_deadline(20s, [&]() -> Task<void> {
-        auto p = co_await pair_of(client, server, "");
-        REQUIRE(channel_of(*p.client) == "cma");
-        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1), pattern_tensor(10, 2)};
-        if (gone)
-            child.kill();
-        else
-            child.unmap(ts[0]);
-        REQUIRE(p.client->send(frame_of(FrameKind::request, 1, ts), true));
-        auto got = co_await p.server->receive();
-        REQUIRE(got);  // the frame arrives, failed: the connection stays
+        asio::ip::tcp::acceptor acc(co_await asio::this_coro::executor, asio::ip::tcp::v4(), listening.release());
+        auto c = co_await test::accept_one(acc, cma_hello("server", 1), ConnectionLimits{});
+        REQUIRE(c);
+        REQUIRE(channel_of(**c) == "cma");
+        if (gone) {
+            REQUIRE(::waitpid(pid, nullptr, 0) == pid);  // the sender has exited: its memory is gone
+        } else {
+            char b = 0;
+            REQUIRE(::read(go[0], &b, 1) == 1);  // its pages are unmapped
+        }
+        auto got = co_await (*c)->receive();
+        REQUIRE(got);  // the frame arrives, failed
         REQUIRE(got->alloc_error);
         INFO(got->alloc_error->to_string());
         CHECK(got->alloc_error->code() == (gone ? Errc::connection_lost : Errc::io_error));
         CHECK(got->alloc_error->message().find("by cma") != std::string::npos);
         CHECK(got->alloc_error->message().find("worker \"client\"") != std::string::npos);
-        CHECK(p.server->is_open());
-        // It released the hold anyway, and the connection carries the next frame (inline).
-        std::vector<Tensor> small{pattern_tensor(100, 3)};
-        REQUIRE(p.client->send(frame_of(FrameKind::request, 2, small), true));
-        auto next = co_await p.server->receive();
+        if (gone) co_return;  // (the peer's end closed with it)
+        // The connection stays and carries the next frame (inline); the hold was released anyway.
+        CHECK((*c)->is_open());
+        auto next = co_await (*c)->receive();
         REQUIRE(next);
         REQUIRE_FALSE(next->alloc_error);
         REQUIRE(next->tensors.size() == 1);
-        CHECK(same_bytes(next->tensors[0], small[0]));
-        REQUIRE(p.server->send(frame_of(FrameKind::response, 2, {}), true));
-        auto reply = co_await p.client->receive();
-        REQUIRE(reply);
-        CHECK(p.client->stats().cma_held == 0);
+        CHECK(same_bytes(next->tensors[0], pattern_tensor(100, 3)));
+        REQUIRE((*c)->send(frame_of(FrameKind::response, 2, {}), true));
+    });
+    ::close(go[0]);
+    if (!gone) {
+        int status = 0;
+        REQUIRE(::waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+}
+
+TEST_CASE("a peer whose cma offer names another process (one that passes the probe) gets basic", "[transport][cma][fault]") {
+    const bool client_lies = GENERATE(true, false);
+    const bool keyed = GENERATE(false, true);
+    INFO((client_lies ? "the client" : "the server") << " names a forked child's pid; key: " << keyed);
+    // The child has our probe buffer (forked), so the probe alone would pass and we would read
+    // the child's memory for that peer's tensors: the pid is not the connection's other end.
+    Idle child;
+    const HelloInfo client = client_lies ? cma_hello_as("client", 0, child.pid, false) : cma_hello("client", 0);
+    const HelloInfo server = client_lies ? cma_hello("server", 1) : cma_hello_as("server", 1, child.pid, false);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, keyed ? "k3y" : "");
+        CHECK(channel_of(*p.client) == "basic");
+        CHECK(channel_of(*p.server) == "basic");
+        CHECK(p.client->negotiated() == p.server->negotiated());
+        std::vector<Tensor> ts{pattern_tensor(1u << 20, 1)};
+        co_await echo_and_check(p, ts);
+        CHECK(p.client->stats().cma_sent == 0);
+        CHECK(p.server->stats().cma_received == 0);
     });
 }
 

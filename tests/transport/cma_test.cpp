@@ -11,6 +11,12 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <cstddef>
+#include <string>
 #include <unistd.h>
 
 #include <chrono>
@@ -263,4 +269,63 @@ TEST_CASE("a process whose seccomp forbids process_vm_readv finds cma not viable
     ::waitpid(pid, &st, 0);
     REQUIRE(WIFEXITED(st));
     REQUIRE(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("the process at the other end of a socket is told apart from another one", "[cma][peer]") {
+    // A child that connects to our listener over TCP and to our Unix socket, then waits.
+    const int tcp_listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(tcp_listener >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(tcp_listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(tcp_listener, 4) == 0);
+    socklen_t len = sizeof addr;
+    REQUIRE(::getsockname(tcp_listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    // (Not a socketpair: its credentials are those of whoever made it, for both ends.)
+    const int unix_listener = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(unix_listener >= 0);
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    const std::string name = "tensorplay-cma-peer-test-" + std::to_string(::getpid());
+    std::memcpy(un.sun_path + 1, name.data(), name.size());
+    const auto un_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    REQUIRE(::bind(unix_listener, reinterpret_cast<sockaddr*>(&un), un_len) == 0);
+    REQUIRE(::listen(unix_listener, 4) == 0);
+    int hold[2];
+    REQUIRE(::pipe(hold) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        ::close(hold[1]);
+        const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+        if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) ::_exit(1);
+        const int u = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        if (::connect(u, reinterpret_cast<sockaddr*>(&un), un_len) != 0) ::_exit(1);
+        char b;
+        (void)::read(hold[0], &b, 1);  // until the parent is done
+        ::_exit(0);
+    }
+    ::close(hold[0]);
+    const int accepted = ::accept(tcp_listener, nullptr, nullptr);
+    REQUIRE(accepted >= 0);
+    const int unix_accepted = ::accept(unix_listener, nullptr, nullptr);
+    REQUIRE(unix_accepted >= 0);
+    CHECK(cma::peer_process_is(accepted, -1, child));           // TCP: the child holds the other end
+    CHECK_FALSE(cma::peer_process_is(accepted, -1, ::getpid()));  // we hold only ours
+    CHECK_FALSE(cma::peer_process_is(accepted, -1, 1));           // nor does init (or we may not look)
+    CHECK(cma::peer_process_is(unix_accepted, -1, child));  // Unix: SO_PEERCRED
+    CHECK_FALSE(cma::peer_process_is(unix_accepted, -1, ::getpid()));
+    CHECK(cma::peer_process_is(-1, 42, 42));                      // a pid the kernel reported already
+    CHECK_FALSE(cma::peer_process_is(-1, 42, 43));
+    CHECK_FALSE(cma::peer_process_is(accepted, -1, 0));
+    ::close(hold[1]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    ::close(accepted);
+    ::close(unix_accepted);
+    ::close(unix_listener);
+    ::close(tcp_listener);
 }
