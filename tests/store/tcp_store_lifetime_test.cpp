@@ -2,8 +2,10 @@
 // every background coroutine and frees the state; callers cancelled on other threads.
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "store/raw_store_client.hpp"
 #include "store/store_test_util.hpp"
 #include "store/tcp_store_client_impl.hpp"
+#include "store/tcp_store_server_impl.hpp"
 #include "support/deadline.hpp"
 
 #include <tensorplay/core/runtime.hpp>
@@ -40,6 +42,16 @@ Task<bool> eventually(std::function<bool()> done, Duration limit) {
 }
 
 Task<std::size_t> connections(std::shared_ptr<TcpStoreServer> server) { co_return co_await server->num_connections(); }
+
+// As many legacy GETs of `key` as fit in `budget` bytes.
+Bytes pipelined_gets(std::string_view key, std::size_t budget) {
+    Bytes b;
+    while (b.size() + 9 + key.size() <= budget) {
+        b.push_back(0x02);
+        put_str(b, key);
+    }
+    return b;
+}
 
 }  // namespace
 
@@ -196,4 +208,70 @@ TEST_CASE("callers on another thread cancelled mid-operation leave the client so
     });
     rt.stop();
     rt.join();
+}
+
+TEST_CASE("a server stopped with a client that does not read and a blocked waiter ends its coroutines", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto servers0 = detail::server_states_alive();
+        const auto tasks0 = detail::server_tasks_running();
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_queued_output = 1 << 20;
+        so.max_queued_output_hard = std::size_t(1) << 30;
+        so.queued_output_timeout = 60s;  // (only the stop may end the stalled one here)
+        auto server = *TcpStoreServer::start(ex, so);
+        const auto port = server->port();
+        auto c = *co_await TcpStore::connect(ex, client_for(port, TcpStoreDialect::torch2));
+        CO_REQUIRE(co_await c->set("big", pattern(1 << 20, 3)));
+        // A legacy client asking for 1 MiB many times over and never reading: its writer waits on a
+        // full socket and its reader on back-pressure.
+        tcp::socket hog(ex);
+        co_await raw_connect(&hog, port);
+        co_await send_all(hog, pipelined_gets("/big", 2048));
+        // One blocked in a WAIT, and one that sent half a request.
+        Spawned<Bytes> waiting(ex, c->get("never"));
+        tcp::socket half(ex);
+        co_await raw_connect(&half, port);
+        Bytes partial{0x00};
+        put64(partial, 100);
+        co_await send_all(half, partial);
+        const auto conns = co_await wait_for_connections(*server, 3, 5s);
+        REQUIRE(conns == 3);
+        co_await pause(50ms);  // the hog's replies fill its socket
+        CHECK(detail::server_tasks_running() >= tasks0 + 7);  // acceptor, sweeper, 3 readers and 3 writers
+        server->stop();
+        server.reset();
+        // Every coroutine of the server ends and its state is freed, while the clients' sockets stay open.
+        const bool ended = co_await eventually([&] {
+            return detail::server_tasks_running() == tasks0 && detail::server_states_alive() == servers0;
+        }, 5s);
+        CHECK(detail::server_tasks_running() == tasks0);
+        CHECK(detail::server_states_alive() == servers0);
+        REQUIRE(ended);
+        auto r = co_await waiting.join();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::connection_lost);
+        const bool half_closed = co_await closed_within(half, 5s);
+        CHECK(half_closed);
+        c->close();
+    });
+}
+
+TEST_CASE("a stopped server's port refuses new clients and a new server serves on another", "[store][fault]") {
+    run_with_deadline(20s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto servers0 = detail::server_states_alive();
+        for (int i = 0; i < 20; ++i) {
+            auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1"});
+            auto c = *co_await TcpStore::connect(ex, client_for(server->port(), TcpStoreDialect::torch2));
+            CO_REQUIRE(co_await c->set("k", bytes("v")));
+            server->stop();
+            auto after = co_await c->get("k");
+            REQUIRE_FALSE(after);  // the connection was closed (and reconnecting is refused)
+            c->close();
+        }
+        const bool freed = co_await eventually([&] { return detail::server_states_alive() == servers0; }, 5s);
+        REQUIRE(freed);
+    });
 }
