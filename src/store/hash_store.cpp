@@ -1,9 +1,10 @@
-// HashStore: in-process key-value store; waiters park on one-shot channels woken by writers.
+// HashStore: in-process key-value store; waiters park on one-shot RemoteSignals woken by writers.
 #include <tensorplay/store/hash_store.hpp>
 
-#include "core/asio_compat.hpp"
+#include "core/event.hpp"
 #include "store/store_util.hpp"
 
+#include <asio/error.hpp>
 #include <asio/this_coro.hpp>
 
 #include <mutex>
@@ -12,35 +13,29 @@
 namespace tensorplay {
 
 namespace {
-
-// Status delivered through a waiter's channel.
-constexpr int kReady = 0;
-constexpr int kClosed = 1;
-
-// One-shot, thread-safe wake-up: a writer on any thread try_sends; the waiter's coroutine receives
-// on its own executor. Capacity 1, so the send never blocks and never needs the receiver present.
-using WakeChannel = detail::ConcurrentChannel<void(std::error_code, int)>;
-
+// How a waiter's signal ends when the store is destroyed (a plain wake-up carries no error).
+const std::error_code kClosed = asio::error::shut_down;
 }  // namespace
 
-// Why channels: a waiter must be resumed on its own executor by a writer on any thread, and must
-// be cancellable per operation. The channel provides both (its receive honours the cancellation
-// slot), so the store only keeps, under one mutex, which waiters still miss which keys.
+// Why RemoteSignal: a waiter must be resumed on its own executor by a writer on any thread, and
+// must be cancellable per operation. The signal provides both (notify() posts the completion to
+// the waiter's executor; its wait honours the cancellation slot), so the store only keeps, under
+// one mutex, which waiters still miss which keys.
 //
-// Lifetimes: a channel is an I/O object of its waiter's execution context (its destructor
-// unregisters it from that context's channel service). So only the waiting coroutine owns it, and
-// writers signal it under `mu`, through the registration the waiter removes (under `mu`) before
-// its channel dies. A writer never holds the channel beyond `mu`; were it to keep the last
-// reference (as a shared_ptr taken out from under the lock), the waiter could wake, finish, and
-// its thread destroy its io_context before the writer's reference went: the channel's destructor
-// then ran on the writer's thread against a freed channel service (ASan: heap-use-after-free).
-// try_send never runs the receiver inline (Asio posts the completion to the receiver's executor),
-// so signalling under `mu` cannot re-enter the store.
+// Lifetimes: a signal's state holds a slot of its waiter's event loop (listed with that loop's
+// SlotRegistry while the waiter is parked) and posts to that loop. So writers notify it under `mu`,
+// through the registration (a notifier) that the waiter removes (under `mu`) before its signal
+// dies; the waiter's frame holds the signal all that time. A writer never keeps a notifier beyond
+// `mu`; were it to take one out from under the lock, the waiter could wake, finish, and its thread
+// destroy its io_context before the writer's post: a post into a freed event loop. Nor does a
+// writer ever hold the last reference to the signal's state (erasing the registration under `mu`
+// leaves the waiter's own). notify() never runs the waiter inline (it posts), so notifying under
+// `mu` cannot re-enter the store.
 struct HashStore::State {
     struct Waiter {
         std::size_t missing = 0;        // distinct keys not yet set since the wait began
         std::vector<std::string> keys;  // distinct keys waited for
-        WakeChannel* channel = nullptr;  // owned by the waiting coroutine; valid while registered
+        detail::RemoteSignal::Notifier wake;  // the waiting coroutine's signal; notified under mu
     };
 
     mutable std::mutex mu;
@@ -63,7 +58,7 @@ struct HashStore::State {
             auto w = waiters.find(id);
             if (w == waiters.end()) continue;
             if (--w->second.missing == 0) {
-                w->second.channel->try_send(std::error_code{}, kReady);
+                w->second.wake.notify();
                 erase_waiter(w);
             }
         }
@@ -96,7 +91,7 @@ namespace {
 using State = HashStore::State;
 
 // Removes a waiter on every way out of the waiting coroutine (woken, cancelled, destroyed). Declared
-// after the channel, so that no writer can reach the channel once it is being destroyed.
+// after the signal, so that no writer can reach the signal once it is being destroyed.
 struct WaiterGuard {
     std::shared_ptr<State> s;
     std::uint64_t id;
@@ -110,7 +105,7 @@ struct WaiterGuard {
 // Waits (no deadline) until each of `keys` has been written or exists; cancellable.
 // `keys` is a reference: the only caller, wait_until, awaits this coroutine to its end.
 Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::string>& keys) {
-    WakeChannel channel(co_await asio::this_coro::executor, 1);
+    detail::RemoteSignal signal(co_await asio::this_coro::executor);
     std::uint64_t id = 0;
     {
         std::lock_guard lock(s->mu);
@@ -126,12 +121,12 @@ Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::st
         }
         if (missing.empty()) co_return ok();
         auto n = missing.size();
-        s->waiters.emplace(id, State::Waiter{n, std::move(missing), &channel});
+        s->waiters.emplace(id, State::Waiter{n, std::move(missing), signal.notifier()});
     }
     WaiterGuard guard{s, id};
-    auto [ec, status] = co_await channel.async_receive(detail::use_nothrow);
+    const std::error_code ec = co_await signal.wait();
+    if (ec == kClosed) co_return fail(Errc::shutdown, "the HashStore was destroyed while waiting for keys");
     if (ec) co_return fail(Errc::cancelled, "wait for keys " + detail::describe_keys(keys) + " was cancelled");
-    if (status == kClosed) co_return fail(Errc::shutdown, "the HashStore was destroyed while waiting for keys");
     co_return ok();
 }
 
@@ -163,7 +158,7 @@ HashStore::HashStore(Duration timeout) : state_(std::make_shared<State>()) { tim
 HashStore::~HashStore() {
     std::lock_guard lock(state_->mu);
     state_->closed = true;
-    for (auto& [id, w] : state_->waiters) w.channel->try_send(std::error_code{}, kClosed);
+    for (auto& [id, w] : state_->waiters) w.wake.notify(kClosed);
     state_->waiters.clear();
     state_->waiting_on.clear();
 }

@@ -4,10 +4,10 @@
 // socket I/O on the client's strand. Operations queue a PendingOp on a lane without a WAIT; the
 // actor writes every queued request up to (and including) the first WAIT in one write, then reads
 // the replies in order (c10d replies carry no ids, and a server answers requests sent after a
-// WAIT before the WAIT itself, so nothing follows a WAIT on its lane). A WAIT with a deadline arms
-// a watchdog: on expiry it sends CANCEL_WAIT (torch2; a racing STOP_WAITING may arrive before the
-// WAIT_CANCELED reply) or closes the lane (torch113 has no cancel: a late STOP_WAITING would
-// desynchronise the stream). An I/O error fails the operations in flight on that lane with
+// WAIT before the WAIT itself, so nothing follows a WAIT on its lane). A WAIT with a deadline queues
+// its lane in the client's deadline keeper: on expiry it sends CANCEL_WAIT (torch2; a racing
+// STOP_WAITING may arrive before the WAIT_CANCELED reply) or closes the lane (torch113 has no
+// cancel: a late STOP_WAITING would desynchronise the stream). An I/O error fails the operations in flight on that lane with
 // Errc::connection_lost; its unsent ones move to a new lane, whose single connect attempt failing
 // marks the client broken: every later operation then fails at once.
 #include "store/tcp_store_client_impl.hpp"
@@ -19,12 +19,15 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/prefer.hpp>
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -145,17 +148,14 @@ Task<void> send_cancel_wait(std::shared_ptr<Lane> lane) {
     (void)n;
 }
 
-// On the strand: the WAIT in flight on `lane` passed its deadline (found by the reaper). The lane's
+// On the strand: the WAIT in flight on `lane` passed its deadline (found by the keeper). The lane's
 // state changes here, synchronously, so that the actor's reading of the WAIT's reply (which may
 // already be on its way) knows whether a WAIT_CANCELED byte follows.
-void expire_wait(const std::shared_ptr<ClientState>& s, const std::shared_ptr<Lane>& lane) {
-    lane->wait_armed = false;
+void expire_wait(ClientState& s, const std::shared_ptr<Lane>& lane) {
     if (lane->dead) return;
-    if (s->dialect == c10d::Dialect::modern) {
+    if (s.dialect == c10d::Dialect::modern) {
         lane->cancel_sent = true;
-        asio::co_spawn(s->strand, send_cancel_wait(lane), [](std::exception_ptr e) {
-            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store wait cancel").to_string());
-        });
+        s.spawn(send_cancel_wait(lane), "a store wait's cancel");
     } else {
         lane->dropped = true;
         std::error_code ignored;
@@ -174,13 +174,9 @@ Task<Result<WaitOutcome>> finish_wait(std::shared_ptr<ClientState> s, std::share
                                       Clock::time_point sent) {
     lane->cancel_sent = false;
     lane->dropped = false;
-    if (op->deadline) {
-        lane->wait_armed = true;
-        lane->wait_deadline = *op->deadline;
-        s->arm(*op->deadline);
-    }
+    if (op->deadline) s->deadlines.add(*lane, *op->deadline);
     auto b = co_await read_u8(lane.get(), &s->where);
-    lane->wait_armed = false;
+    s->deadlines.remove(*lane);
     if (!b) {
         if (!lane->dropped || s->closed) co_return fail(b.error());
         if (!op->done) op->error = wait_timeout_error(*op, Clock::now() - sent);
@@ -219,15 +215,18 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
         }
         lane->connected = true;
     }
-    std::vector<std::shared_ptr<PendingOp>> batch;
+    auto& batch = lane->batch;
     while (!lane->dead) {
         if (lane->queue.empty()) {
             lane->parked = true;
             lane->parked_work = asio::prefer(s->strand, asio::execution::outstanding_work.tracked);
-            auto [ec] = co_await lane->kick.async_wait(use_nothrow);
-            (void)ec;
+            co_await lane->kick.wait();
             lane->parked_work = {};
             lane->parked = false;
+            if (lane->kick.error() && !lane->dead) {  // cancelled (the client's tasks are ending)
+                s->drop_lane(*lane, Error(Errc::shutdown, "the store client's lane was stopped"), nullptr);
+                co_return;
+            }
             continue;
         }
         batch.clear();
@@ -238,7 +237,7 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
             if (op->abandoned) {  // the caller gave up before it was sent: never send it
                 if (!op->wait_request.empty()) --lane->waits;
                 if (!op->done) op->error = Error(Errc::cancelled, "store operation abandoned before it was sent");
-                finish(*op);
+                s->finish(*op);
                 continue;
             }
             batch.push_back(op);
@@ -264,12 +263,12 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
                     break;
                 }
                 if (*outcome == WaitOutcome::lane_dropped) {
-                    finish(*op);
+                    s->finish(*op);
                     s->drop_lane(*lane, *op->error, nullptr);
                     co_return;
                 }
                 if (*outcome == WaitOutcome::timed_out || op->request.empty()) {
-                    finish(*op);
+                    s->finish(*op);
                     continue;
                 }
                 if (auto w = co_await write_all(lane.get(), &op->request, s->where); !w) {
@@ -281,12 +280,13 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
                 failure = std::move(r).error();
                 break;
             }
-            finish(*op);
+            s->finish(*op);
         }
         if (failure) {
             s->drop_lane(*lane, *failure, &batch);
             co_return;
         }
+        batch.clear();
         // Extra lanes exist for concurrent waits; close this one if enough others are idle.
         if (lane->queue.empty() && lane->waits == 0 && s->lanes.size() > 1 && s->lanes.front() != lane) {
             std::size_t idle = 0;
@@ -301,81 +301,89 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 
 }  // namespace
 
-Lane::Lane(ClientState& client) : socket(client.strand) {}
+Lane::Lane(ClientState& client) : ClientDeadline(Kind::wait), socket(client.strand) {}
+
+namespace {
+std::atomic<std::size_t> g_states{0};
+std::atomic<std::size_t> g_tasks{0};
+
+/// Counts a running client task for client_tasks_running() (held in its frame).
+struct TaskCount {
+    TaskCount() { g_tasks.fetch_add(1, std::memory_order_relaxed); }
+    ~TaskCount() { g_tasks.fetch_sub(1, std::memory_order_relaxed); }
+    TaskCount(const TaskCount&) = delete;
+    TaskCount& operator=(const TaskCount&) = delete;
+};
+
+Task<void> counted(Task<void> task) {
+    TaskCount count;
+    co_await std::move(task);
+}
+
+// The join shut() starts: holds the state until every task has ended, so that the state is let go
+// on the strand with nothing of it running (a caller that drops it later finds an idle group). Not
+// a member of the group it joins; it ends when they do, which cancel() has asked for.
+Task<void> join_then_release(std::shared_ptr<ClientState> s) { co_await s->tasks.join(); }
+}  // namespace
+
+std::size_t client_states_alive() noexcept { return g_states.load(std::memory_order_relaxed); }
+std::size_t client_tasks_running() noexcept { return g_tasks.load(std::memory_order_relaxed); }
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),
       options(std::move(opts)),
       dialect(options.dialect == TcpStoreDialect::torch113 ? c10d::Dialect::legacy : c10d::Dialect::modern),
       where(options.host + ":" + std::to_string(options.port)),
-      reaper_timer(strand, asio::steady_timer::time_point::max()) {}
-
-namespace {
-
-// The client's one deadline keeper: fails operations past their caller's limit and cancels WAITs
-// past theirs. Sleeps until the earliest deadline; runs while the client is usable.
-Task<void> reap(std::shared_ptr<ClientState> s) {
-    while (!s->broken) {
-        auto [ec] = co_await s->reaper_timer.async_wait(use_nothrow);
-        (void)ec;  // cancelled: re-armed earlier, or shut
-        if (s->broken) break;
-        const auto now = Clock::now();
-        while (!s->timed.empty() && s->timed.begin()->first <= now) {
-            auto op = s->timed.begin()->second.lock();
-            s->timed.erase(s->timed.begin());
-            if (!op) continue;
-            op->timed = nullptr;
-            if (op->done) continue;
-            op->abandoned = true;
-            op->error = Error(Errc::timeout, "timed out after " + ms_string(op->limit) + " waiting for the store's reply");
-            finish(*op);
-        }
-        auto next = s->timed.empty() ? Clock::time_point::max() : s->timed.begin()->first;
-        auto lanes = s->lanes;
-        for (auto& lane : lanes) {
-            if (!lane->wait_armed) continue;
-            if (lane->wait_deadline <= now) {
-                expire_wait(s, lane);
-            } else {
-                next = std::min(next, lane->wait_deadline);
-            }
-        }
-        if (s->reaper_timer.expiry() <= now || next < s->reaper_timer.expiry()) s->reaper_timer.expires_at(next);
-    }
-    s->reaper_running = false;
+      deadlines(strand, tasks, [this](DeadlineHook& h) { on_deadline(static_cast<ClientDeadline&>(h)); }),
+      tasks(strand) {  // (deadlines: `tasks` is bound now, used later)
+    g_states.fetch_add(1, std::memory_order_relaxed);
 }
 
-}  // namespace
+ClientState::~ClientState() { g_states.fetch_sub(1, std::memory_order_relaxed); }
 
-void ClientState::arm(Clock::time_point t) {
-    if (!reaper_running && !broken) {
-        reaper_running = true;
-        reaper_timer.expires_at(t);
-        asio::co_spawn(strand, reap(shared_from_this()), [](std::exception_ptr e) {
-            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store client deadlines").to_string());
-        });
+void ClientState::spawn(Task<void> task, const char* what) { tasks.spawn(counted(std::move(task)), what); }
+
+// From the keeper's sweep (on the strand; never after shut(), which closes the keeper).
+void ClientState::on_deadline(ClientDeadline& d) {
+    if (d.kind == ClientDeadline::Kind::op) {
+        auto& op = static_cast<PendingOp&>(d);
+        abandon(op, Error(Errc::timeout, "timed out after " + ms_string(op.limit) + " waiting for the store's reply"));
         return;
     }
-    if (t < reaper_timer.expiry()) reaper_timer.expires_at(t);  // wakes the reaper to re-arm earlier
+    // A lane in the keeper is in `lanes` (drop_lane takes it out of both): find its owner.
+    auto& lane = static_cast<Lane&>(d);
+    for (auto& l : lanes)
+        if (l.get() == &lane) {
+            auto keep = l;  // expire_wait may drop the lane
+            expire_wait(*this, keep);
+            return;
+        }
 }
 
 void ClientState::start_op(const std::shared_ptr<PendingOp>& op) {
-    if (op->done) return;  // cancelled on its way here
-    if (op->limit > Duration::zero()) {
-        const auto deadline = Clock::now() + op->limit;
-        op->timed = &timed;
-        op->timed_pos = timed.emplace(deadline, op);
-        arm(deadline);
-    }
+    if (op->done) return;
+    // Added and queued in this one handler: see PendingOp on why the strand holds what the keeper does.
+    if (op->limit > Duration::zero()) deadlines.add(*op, Clock::now() + op->limit);
     submit(op);
+}
+
+void ClientState::abandon(PendingOp& op, Error why) {
+    if (op.done) return;
+    op.abandoned = true;
+    op.error = std::move(why);
+    finish(op);
+}
+
+void ClientState::finish(PendingOp& op) {
+    op.done = true;
+    deadlines.remove(op);  // on the strand, before the caller is woken and may let the op go
+    op.notifier.notify();
 }
 
 std::shared_ptr<Lane> ClientState::add_lane(std::shared_ptr<Lane> lane, bool connected) {
     lane->connected = connected;
     lanes.push_back(lane);
-    asio::co_spawn(strand, run_lane(shared_from_this(), lane), [](std::exception_ptr e) {
-        if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "store client lane").to_string());
-    });
+    spawn(run_lane(shared_from_this(), lane), "a store client lane");
     return lane;
 }
 
@@ -413,7 +421,7 @@ void ClientState::drop_lane(Lane& lane, const Error& e, std::vector<std::shared_
     std::erase_if(lanes, [&](const std::shared_ptr<Lane>& l) { return l.get() == &lane; });
     std::error_code ignored;
     lane.socket.close(ignored);
-    lane.wait_armed = false;
+    deadlines.remove(lane);
     // Operations never sent can go on another lane (or fail at once if the client is broken).
     auto unsent = std::move(lane.queue);
     lane.queue.clear();
@@ -430,24 +438,23 @@ void ClientState::shut(Error e) {
             log(LogLevel::warn, "store", "store client for " + where + " failed: " + broken->to_string());
     }
     closed = closed || broken->code() == Errc::shutdown;
-    reaper_timer.cancel();  // the reaper sees `broken` and ends
     auto all = lanes;
     for (auto& l : all) {
+        // Queued and in flight alike fail now: an actor that ends by its cancellation (an
+        // exception at its next co_await) would not finish its batch itself.
         std::vector<std::shared_ptr<PendingOp>> inflight(l->queue.begin(), l->queue.end());
+        inflight.insert(inflight.end(), l->batch.begin(), l->batch.end());
         l->queue.clear();
         drop_lane(*l, *broken, &inflight);
     }
-}
-
-void finish(PendingOp& op) {
-    op.done = true;
-    if (op.timed) {
-        op.timed->erase(op.timed_pos);
-        op.timed = nullptr;
-    }
-    if (op.waiter) {
-        auto w = std::move(op.waiter);
-        w->complete();
+    deadlines.close();
+    tasks.close();
+    tasks.cancel();
+    if (!joining) {
+        joining = true;
+        asio::co_spawn(strand, join_then_release(shared_from_this()), [](std::exception_ptr ex) {
+            if (ex) log(LogLevel::error, "store", error_from_exception_ptr(ex, "joining the store client's tasks").to_string());
+        });
     }
 }
 

@@ -3,22 +3,17 @@
 
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/deadline_queue.hpp"
+#include "core/event.hpp"
 #include "core/resume_slot.hpp"
+#include "core/task_group.hpp"
 #include "store/c10d_protocol.hpp"
 
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/dispatch.hpp>
-#include <asio/execution/outstanding_work.hpp>
+#include <asio/any_io_executor.hpp>
 #include <asio/ip/tcp.hpp>
-#include <asio/post.hpp>
-#include <asio/prefer.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 
 #include <deque>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,40 +23,25 @@ namespace tensorplay::detail {
 
 enum class ReplyKind : std::uint8_t { u8, u32, i64, bytes };
 
-struct PendingOp;
-using TimedOps = std::multimap<Clock::time_point, std::weak_ptr<PendingOp>>;
-
-/// The caller's completion handler of one operation, type-erased. complete() posts it to the
-/// caller's executor (never runs it inline), which is kept from running out of work meanwhile.
-struct OpWaiter {
-    virtual ~OpWaiter() = default;
-    virtual void complete() = 0;
-};
-
-template <class Handler>
-struct OpWaiterImpl final : OpWaiter {
-    explicit OpWaiterImpl(Handler h)
-        : handler(std::move(h)),
-          work(asio::prefer(asio::get_associated_executor(handler), asio::execution::outstanding_work.tracked)),
-          slot(asio::get_associated_cancellation_slot(handler)) {}
-    void complete() override {
-        auto ex = work;
-        asio::post(ex, [h = std::move(handler), slot = slot]() mutable {
-            if (slot.is_connected()) slot.clear();
-            std::move(h)();
-        });
-    }
-    Handler handler;
-    std::decay_t<decltype(asio::prefer(std::declval<asio::associated_executor_t<Handler>>(),
-                                       asio::execution::outstanding_work.tracked))>
-        work;
-    asio::associated_cancellation_slot_t<Handler> slot;
+/// What the client's deadline keeper holds: an operation's reply limit or a lane's WAIT deadline.
+struct ClientDeadline : DeadlineHook {
+    enum class Kind : std::uint8_t { op, wait };
+    explicit ClientDeadline(Kind k) : kind(k) {}
+    Kind kind;
 };
 
 /// One queued operation. An optional WAIT goes first (its reply is awaited until `deadline`, then
 /// cancelled); `request` is sent after it succeeds (or at once when there is no WAIT) and its
 /// replies, of the kinds in `expect`, are collected in order.
-struct PendingOp {
+///
+/// Its caller's reply limit is a DeadlineHook in the client's keeper (strand-bound). The caller
+/// may drop its reference on its own thread at any time after its wait ended (cancelled: at once),
+/// so the op must never be in the keeper without the strand holding it too: start_op queues it on
+/// a lane (or finishes it) in the same strand handler that adds it, every way an op leaves the
+/// strand's lanes goes through finish(), and finish() takes it out of the keeper (on the strand).
+struct PendingOp : ClientDeadline {
+    PendingOp() : ClientDeadline(Kind::op) {}
+
     Bytes wait_request;
     std::string wait_keys;  // for the timeout message
     std::optional<Clock::time_point> deadline;
@@ -70,29 +50,31 @@ struct PendingOp {
 
     std::vector<Bytes> blobs;        // bytes replies, in order
     std::vector<std::int64_t> ints;  // u8 / u32 / i64 replies, in order
-    /// Written on the strand only until `done`: once finished (by its reply, the reaper or a
+    /// Written on the strand only until `done`: once finished (by its reply, its deadline or a
     /// cancel) its caller may be reading it on another thread, so nothing writes it any more.
     std::optional<Error> error;
     bool done = false;
     bool abandoned = false;  // the caller stopped waiting: not sent if still queued, reply dropped
 
-    std::unique_ptr<OpWaiter> waiter;  // set before the op reaches the strand; taken by finish()
-    Duration limit{};                  // the caller's wait limit (<= 0: none)
-    TimedOps* timed = nullptr;         // where its deadline is registered (strand), if it is
-    TimedOps::iterator timed_pos;
+    RemoteSignal::Notifier notifier;  ///< the caller's wait (on its own executor); set before the strand sees it
+    Duration limit{};                 ///< the caller's wait limit (<= 0: none)
 };
 
 struct ClientState;
 
 /// One TCP connection to the server. c10d replies carry no ids and a WAIT blocks the replies after
 /// it, so a lane holds at most one WAIT at a time: a second concurrent wait gets its own lane.
-struct Lane {
+/// The lane itself is the hook of its WAIT's deadline in the client's keeper (queued while the
+/// WAIT's reply is awaited; at expiry it sends CANCEL_WAIT (torch2) or closes the socket
+/// (torch113)); drop_lane takes it out, so a lane out of `lanes` is never in the keeper.
+struct Lane : ClientDeadline {
     explicit Lane(ClientState& client);
 
     asio::ip::tcp::socket socket;
     std::deque<std::shared_ptr<PendingOp>> queue;
-    ResumeSlot kick;                       ///< the parked actor; submit() resumes it in place
-    asio::any_io_executor parked_work;     ///< while parked: keeps the event loop from running out of work
+    std::vector<std::shared_ptr<PendingOp>> batch;  ///< sent, replies awaited (shut() fails them)
+    ResumeSlot kick;                    ///< the parked actor; submit() resumes it in place
+    asio::any_io_executor parked_work;  ///< while parked: keeps the event loop from running out of work
     bool connected = false;
     bool dead = false;
     std::size_t waits = 0;  // operations with a WAIT queued or in flight here
@@ -103,16 +85,21 @@ struct Lane {
 
     bool parked = false;  // the actor waits in `kick`
 
-    // WAIT deadline, checked by the client's reaper: at expiry it sends CANCEL_WAIT (torch2) or
-    // closes the socket (torch113).
-    Clock::time_point wait_deadline{};
-    bool wait_armed = false;
-    bool cancel_sent = false;
-    bool dropped = false;
+    bool cancel_sent = false;  // the WAIT in flight passed its deadline: CANCEL_WAIT sent (torch2)
+    bool dropped = false;      // ... the socket was closed on purpose (torch113)
 };
 
+/// The client. Strand-bound (every member below is touched on `strand` only, but for what never
+/// changes after connect: options, dialect, where).
+///
+/// Background coroutines (each lane's actor, a CANCEL_WAIT's write, the deadline keeper's sweep)
+/// are members of `tasks`. shut() (close(), or the connection lost for good) fails every operation,
+/// closes the sockets and the keeper, cancels the tasks and starts the join: one coroutine that
+/// holds the state until every task has ended, then lets it go on the strand. So a closed client
+/// is freed once its tasks are done, whoever held it last, and none of its coroutines outlives it.
 struct ClientState : std::enable_shared_from_this<ClientState> {
     ClientState(Executor ex, TcpStoreOptions opts);
+    ~ClientState();
 
     asio::strand<Executor> strand;
     TcpStoreOptions options;
@@ -122,16 +109,20 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
     std::vector<std::shared_ptr<Lane>> lanes;
     std::optional<Error> broken;  // set once: every later operation fails with it
     bool closed = false;
+    bool joining = false;  // the join of `tasks` was started (by shut)
 
-    // Deadlines of operations and WAITs: one timer for the whole client, armed at the earliest.
-    TimedOps timed;
-    asio::steady_timer reaper_timer;
-    bool reaper_running = false;
+    /// Operations' reply limits and lanes' WAIT deadlines: one timer for the whole client.
+    DeadlineKeeper deadlines;
+    /// Declared last: destroyed first, while what its tasks wait on still exists.
+    TaskGroup tasks;
 
     /// On the strand: registers `op`'s deadline (when it has a limit) and queues it.
     void start_op(const std::shared_ptr<PendingOp>& op);
-    /// On the strand: makes the reaper wake by `t` at the latest (starting it if needed).
-    void arm(Clock::time_point t);
+    /// On the strand: completes `op` (takes it out of the keeper, wakes its caller); later calls
+    /// do nothing more.
+    void finish(PendingOp& op);
+    /// On the strand: the caller stopped waiting for `op`: not sent if still queued, reply dropped.
+    void abandon(PendingOp& op, Error why);
     /// Connects `lane` (retrying until `deadline` when `retry`) and handshakes (torch2). The first
     /// call settles the dialect (TcpStoreDialect::automatic: detected, see tcp_store.hpp).
     Task<Result<void>> open(Lane& lane, Clock::time_point deadline, bool retry);
@@ -145,12 +136,19 @@ struct ClientState : std::enable_shared_from_this<ClientState> {
     std::shared_ptr<Lane> add_lane(std::shared_ptr<Lane> lane, bool connected);
     /// Removes `lane`: fails `inflight` with `e`, moves its unsent operations to another lane.
     void drop_lane(Lane& lane, const Error& e, std::vector<std::shared_ptr<PendingOp>>* inflight);
-    /// Marks the client broken with `e` and fails everything queued.
+    /// Marks the client broken with `e`, fails everything queued or in flight, ends the tasks.
     void shut(Error e);
+    /// Starts `task` in `tasks`, counted by client_tasks_running().
+    void spawn(Task<void> task, const char* what);
+
+private:
+    void on_deadline(ClientDeadline& d);
 };
 
-/// Completes `op` (on the strand) and wakes its caller; later calls do nothing more.
-void finish(PendingOp& op);
+/// Test hooks: client states alive in this process, and their lane actors and CANCEL_WAIT
+/// writes running now (the deadline sweeps are not counted: a state is freed only after them).
+[[nodiscard]] std::size_t client_states_alive() noexcept;
+[[nodiscard]] std::size_t client_tasks_running() noexcept;
 
 // Socket helpers of the lanes (tcp_store_client.cpp), shared with the connection setup.
 std::string ms_string(Duration d);
@@ -159,39 +157,5 @@ Task<Result<void>> connect_once(asio::ip::tcp::socket* socket, asio::ip::tcp::en
 Task<Result<void>> write_all(Lane* lane, const Bytes* data, std::string where);
 /// Ensures `n` unread bytes are buffered in the lane's [in_begin, in_end).
 Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where);
-
-/// Cancels an operation from its caller's cancellation slot: on the strand, the op is abandoned
-/// (not sent if still queued, its reply dropped) and its caller completes with Errc::cancelled.
-struct OpCancel {
-    std::shared_ptr<ClientState> s;
-    std::weak_ptr<PendingOp> op;
-    void operator()(asio::cancellation_type) {
-        asio::dispatch(s->strand, [w = op] {
-            auto o = w.lock();
-            if (!o || o->done) return;
-            o->abandoned = true;
-            o->error = Error(Errc::cancelled, "store operation cancelled");
-            finish(*o);
-        });
-    }
-};
-
-/// Runs `op` from any executor: hands it to the client's strand and completes (on the caller's
-/// executor) when it is done, failed, past `limit` (> 0) or cancelled; the outcome is in `op`.
-/// No coroutine or timer of its own: deadlines are kept by the client's reaper.
-template <class Token>
-auto async_run_op(std::shared_ptr<ClientState> s, std::shared_ptr<PendingOp> op, Duration limit, Token&& token) {
-    return asio::async_initiate<Token, void()>(
-        [](auto handler, std::shared_ptr<ClientState> s, std::shared_ptr<PendingOp> op, Duration limit) {
-            using H = std::decay_t<decltype(handler)>;
-            auto slot = asio::get_associated_cancellation_slot(handler);
-            op->limit = limit;
-            op->waiter = std::make_unique<OpWaiterImpl<H>>(std::move(handler));
-            if (slot.is_connected()) slot.template emplace<OpCancel>(OpCancel{s, op});
-            auto& strand = s->strand;
-            asio::dispatch(strand, [s = std::move(s), op = std::move(op)] { s->start_op(op); });
-        },
-        token, std::move(s), std::move(op), limit);
-}
 
 }  // namespace tensorplay::detail

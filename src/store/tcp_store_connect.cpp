@@ -7,6 +7,8 @@
 
 #include <tensorplay/core/log.hpp>
 
+#include <asio/steady_timer.hpp>
+
 #include <algorithm>
 #include <cstdlib>
 #include <random>

@@ -2,8 +2,12 @@
 #include "store/tcp_store_server_impl.hpp"
 
 #include <tensorplay/core/log.hpp>
+#include <tensorplay/core/runtime.hpp>
+
+#include <asio/co_spawn.hpp>
 
 #include <algorithm>
+#include <atomic>
 
 namespace tensorplay::detail {
 
@@ -13,6 +17,25 @@ namespace {
 std::span<const std::uint8_t> as_span(std::string_view s) {
     return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
+
+std::atomic<std::size_t> g_states{0};
+std::atomic<std::size_t> g_tasks{0};
+
+/// Counts a running server task for server_tasks_running() (held in its frame).
+struct TaskCount {
+    TaskCount() { g_tasks.fetch_add(1, std::memory_order_relaxed); }
+    ~TaskCount() { g_tasks.fetch_sub(1, std::memory_order_relaxed); }
+    TaskCount(const TaskCount&) = delete;
+    TaskCount& operator=(const TaskCount&) = delete;
+};
+
+Task<void> counted(Task<void> task) {
+    TaskCount count;
+    co_await std::move(task);
+}
+
+// stop_all's join: holds the state until its last task has ended (not a member of the group).
+Task<void> join_then_release(std::shared_ptr<StoreServerState> s) { co_await s->tasks.join(); }
 }  // namespace
 
 StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
@@ -20,7 +43,18 @@ StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
       options(std::move(opts)),
       limits{options.max_key_size, options.max_value_size, options.max_keys_per_request,
              options.max_request_size},
-      sweep(strand) {}
+      sweep(strand),
+      tasks(strand) {
+    slots = &SlotRegistry::of(strand);
+    g_states.fetch_add(1, std::memory_order_relaxed);
+}
+
+StoreServerState::~StoreServerState() { g_states.fetch_sub(1, std::memory_order_relaxed); }
+
+std::size_t server_states_alive() noexcept { return g_states.load(std::memory_order_relaxed); }
+std::size_t server_tasks_running() noexcept { return g_tasks.load(std::memory_order_relaxed); }
+
+bool StoreServerState::spawn(Task<void> task, const char* what) { return tasks.spawn(counted(std::move(task)), what); }
 
 bool StoreServerState::reply_fits(Op op, std::size_t size, std::string& why) const {
     if (size <= options.max_reply_size) return true;
@@ -331,8 +365,9 @@ void StoreServerState::close(StoreConn& c) noexcept {
     std::error_code ignored;
     c.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     c.socket.close(ignored);
-    c.wake.cancel();
-    c.drained.cancel();
+    // Last: each may resume its coroutine here, which ends (it sees `closed`).
+    c.wake.complete();
+    c.drained.complete();
 }
 
 void StoreServerState::close_stalled(Clock::time_point now) {
@@ -364,6 +399,14 @@ void StoreServerState::stop_all() {
     if (!all.empty())
         log(LogLevel::info, "store", "server on " + address + " stopped; closed " + std::to_string(all.size()) +
                                          " connection(s)");
+    tasks.close();
+    tasks.cancel();  // (what is left: acceptors and the sweeper, whose waits end now)
+    if (!joining) {
+        joining = true;
+        asio::co_spawn(strand, join_then_release(shared_from_this()), [](std::exception_ptr e) {
+            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "joining the store server's tasks").to_string());
+        });
+    }
 }
 
 }  // namespace tensorplay::detail

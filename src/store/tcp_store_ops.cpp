@@ -9,6 +9,8 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 
 #include <random>
 
@@ -70,11 +72,23 @@ std::shared_ptr<PendingOp> new_op(const StatePtr&) { return std::make_shared<Pen
 Encoder enc(const StatePtr& s, Bytes& b) { return Encoder{s->dialect, b}; }
 
 // Runs `op` on the client's strand and waits for it from the caller's executor. `limit` bounds
-// the caller's wait. The operation bodies below run on the caller's executor: they only build
-// requests and read an op's results after it completed, and the client state they read (dialect,
-// options, where) never changes after connect.
+// the caller's wait (kept by the client's deadline keeper). The operation bodies below run on the
+// caller's executor: they only build requests and read an op's results after it completed, and the
+// client state they read (dialect, options, where) never changes after connect.
+//
+// The caller may be on any thread, so the strand's finish() reaches it through a RemoteSignal
+// (posted to the caller's executor). A cancelled caller stops waiting at once and never reads the
+// op again; the op is abandoned on the strand, which still holds it (see PendingOp).
 Task<Result<void>> exec(StatePtr s, std::shared_ptr<PendingOp> op, Duration limit) {
-    co_await detail::async_run_op(std::move(s), op, limit, asio::use_awaitable);
+    detail::RemoteSignal done(co_await asio::this_coro::executor);
+    op->limit = limit;
+    op->notifier = done.notifier();
+    asio::dispatch(s->strand, [s, op] { s->start_op(op); });
+    const std::error_code ec = co_await done.wait();
+    if (ec) {
+        asio::dispatch(s->strand, [s, op] { s->abandon(*op, Error(Errc::cancelled, "store operation cancelled")); });
+        co_return fail(Errc::cancelled, "store operation cancelled");
+    }
     if (op->error) co_return fail(*op->error);
     co_return ok();
 }
@@ -325,8 +339,10 @@ Task<Result<std::shared_ptr<TcpStore>>> do_connect(std::shared_ptr<TcpStore::Imp
                                                                    : Clock::time_point::max();
     auto lane = std::make_shared<detail::Lane>(*impl);
     if (auto r = co_await impl->open(*lane, deadline, true); !r) co_return fail(r.error());
-    impl->add_lane(std::move(lane), true);
+    // The store first: whatever fails from here on, its destructor closes the client (and so
+    // ends the lane's actor, which holds the client state).
     auto store = std::make_shared<TcpStore>(impl);
+    impl->add_lane(std::move(lane), true);
     if (impl->options.world_size >= 0) {
         if (auto r = co_await count_workers(impl); !r) {
             impl->shut(Error(Errc::shutdown, "connect failed"));

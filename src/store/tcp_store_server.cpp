@@ -38,11 +38,6 @@ std::string endpoint_string(const asio::ip::tcp::endpoint& ep) {
     return host + ":" + std::to_string(ep.port());
 }
 
-void log_spawn_error(std::exception_ptr e, std::string_view what) {
-    if (!e) return;
-    log(LogLevel::error, "store", detail::error_from_exception_ptr(e, what).to_string());
-}
-
 // Makes room to read towards `need` unread bytes (need <= limits was checked by the parser): compacts,
 // and grows only when the buffer is full, doubling but never past `need`. A length that a client
 // claims is thus backed by memory only as its bytes arrive (at most twice what arrived).
@@ -88,13 +83,13 @@ std::size_t sniff(StoreConn& c) {
     return 0;
 }
 
-// Sends what send_dirty() could not: woken (wake.cancel) only when the socket's buffer was full.
+// Sends what send_dirty() could not: woken (wake) only when the socket's buffer was full.
 // Each partial write counts as progress (close_stalled) and wakes a reader held by back-pressure.
 Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_ptr<StoreConn> c) {
     while (!c->closed) {
         if (c->out.empty()) {
-            c->wake.expires_at(asio::steady_timer::time_point::max());
-            co_await c->wake.async_wait(detail::use_nothrow);
+            co_await c->wake.wait();
+            if (c->wake.error()) server->close(*c);  // cancelled: the server is stopping
             continue;
         }
         std::swap(c->out, c->writing);
@@ -110,16 +105,17 @@ Task<void> run_writer(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             }
             c->written += n;
             c->progress_at = Clock::now();
-            c->drained.cancel();
+            if (c->queued() <= server->options.max_queued_output) c->drained.complete();  // (the reader runs here)
         }
         c->writer_busy = false;
         c->writing.clear();
         c->written = 0;
         if (c->writing.capacity() > kShrinkAbove) Bytes().swap(c->writing);
-        c->drained.cancel();
         if (failed) {
             if (!c->closed) log(LogLevel::debug, "store", "write to " + c->peer + " failed: " + failed.message());
             server->close(*c);
+        } else if (c->queued() <= server->options.max_queued_output) {
+            c->drained.complete();
         }
     }
     Bytes().swap(c->writing);
@@ -211,8 +207,8 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
         // Back-pressure: a client that does not read its replies stops being read (and served)
         // until the socket has taken enough; close_stalled ends one that never reads.
         while (c->queued() > server->options.max_queued_output && !c->closed) {
-            c->drained.expires_at(asio::steady_timer::time_point::max());
-            co_await c->drained.async_wait(detail::use_nothrow);
+            co_await c->drained.wait();
+            if (c->drained.error()) server->close(*c);  // cancelled: the server is stopping
         }
     }
     if (!why.empty()) log(LogLevel::warn, "store", "closing connection from " + c->peer + ": " + why);
@@ -261,10 +257,10 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         try {
             c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
             server->conns.insert(c.get());
-            asio::co_spawn(server->strand, run_reader(server, c),
-                           [](std::exception_ptr e) { log_spawn_error(e, "store connection reader"); });
-            asio::co_spawn(server->strand, run_writer(server, c),
-                           [](std::exception_ptr e) { log_spawn_error(e, "store connection writer"); });
+            // The writer first: the reader may run up to its first read before spawn() returns.
+            if (!server->spawn(run_writer(server, c), "a store connection's writer") ||
+                !server->spawn(run_reader(server, c), "a store connection's reader"))
+                server->close(*c);
         } catch (...) {
             // Out of memory: drop this connection, keep accepting.
             if (c) server->close(*c);
@@ -311,10 +307,7 @@ void StoreServerState::send_dirty() noexcept {
                 continue;
             }
             if (c.out.empty()) continue;
-            if (c.writer_busy) {
-                c.wake.cancel();  // after its write, the writer sends `out` too
-                continue;
-            }
+            if (c.writer_busy) continue;  // after its write, the writer sends `out` too
             std::error_code ec;
             const std::size_t n = c.socket.send(asio::buffer(c.out), 0, ec);
             if (!ec && n == c.out.size()) {
@@ -329,7 +322,7 @@ void StoreServerState::send_dirty() noexcept {
             }
             if (!ec) c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(n));
             c.progress_at = Clock::now();  // the writer starts waiting for the socket now
-            c.wake.cancel();  // the writer sends the rest when the socket can take it
+            c.wake.complete();  // the writer (resumed here) sends the rest when the socket can take it
         } catch (...) {
             close(c);  // a log line could not be built: out of memory
         }
@@ -338,7 +331,7 @@ void StoreServerState::send_dirty() noexcept {
 }
 
 StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint64_t conn_id)
-    : server(s), socket(std::move(sock)), id(conn_id), wake(s.strand), drained(s.strand) {
+    : server(s), socket(std::move(sock)), id(conn_id), wake(s.slots), drained(s.slots) {
     std::error_code ec;
     auto ep = socket.remote_endpoint(ec);
     peer = ec ? "connection " + std::to_string(id) : endpoint_string(ep);
@@ -386,12 +379,9 @@ Result<std::shared_ptr<TcpStoreServer>> TcpStoreServer::start(Executor executor,
         if (ec) return fail(from_error_code(ec, "reading the store server's bound address"));
         impl->port = local.port();
         impl->address = endpoint_string(local);
-        for (std::size_t i = 0; i < impl->acceptors.size(); ++i)
-            asio::co_spawn(impl->strand, run_acceptor(impl, i),
-                           [](std::exception_ptr e) { log_spawn_error(e, "store acceptor"); });
-        if (opts.queued_output_timeout > Duration::zero())
-            asio::co_spawn(impl->strand, run_sweeper(impl),
-                           [](std::exception_ptr e) { log_spawn_error(e, "store output sweeper"); });
+        // (Not yet shared: the state is touched here, then only on the strand.)
+        for (std::size_t i = 0; i < impl->acceptors.size(); ++i) impl->spawn(run_acceptor(impl, i), "a store acceptor");
+        if (opts.queued_output_timeout > Duration::zero()) impl->spawn(run_sweeper(impl), "the store's output sweeper");
         log(LogLevel::info, "store", "store server listening on " + impl->address);
         return std::make_shared<TcpStoreServer>(std::move(impl));
     } catch (...) {

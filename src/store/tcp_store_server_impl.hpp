@@ -3,6 +3,8 @@
 
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/resume_slot.hpp"
+#include "core/task_group.hpp"
 #include "store/c10d_protocol.hpp"
 
 #include <asio/ip/tcp.hpp>
@@ -35,6 +37,9 @@ struct StoreServerState;
 /// other connections' wake-ups) collect in `out`, which is sent once per read batch, directly with a
 /// non-blocking send; the writer coroutine sends only what the socket would not take at once.
 /// Owned by its two coroutines (and, between a request and the end of its batch, the dirty list).
+/// Its two hand-offs resume in place (on the strand): `wake` the writer, `drained` the reader. A
+/// coroutine resumed so runs inside the call that completed it, up to its next wait; close()
+/// completes both last, and its callers hold the connection (or touch it no more) after it.
 struct StoreConn : std::enable_shared_from_this<StoreConn> {
     StoreConn(StoreServerState& server, asio::ip::tcp::socket socket, std::uint64_t id);
 
@@ -58,8 +63,8 @@ struct StoreConn : std::enable_shared_from_this<StoreConn> {
     bool dirty = false;        // listed in the server's `dirty`: `out` has data to send
     std::string overflow;      // why pushed output overflowed: closed at the end of the batch
     Clock::time_point progress_at;  // the socket last took bytes (or the writer began waiting for it)
-    asio::steady_timer wake;     // cancelled to tell the writer that `out` has data (or to close)
-    asio::steady_timer drained;  // cancelled by the writer after each write (reader back-pressure)
+    ResumeSlot wake;     ///< the parked writer: `out` has data (or the connection closed)
+    ResumeSlot drained;  ///< the reader held by back-pressure: output went under the limit (or closed)
 
     // Pending WAITs: id -> keys still missing. Keys registered in the server's waiters map.
     struct Wait {
@@ -78,10 +83,17 @@ struct StoreConn : std::enable_shared_from_this<StoreConn> {
 };
 
 /// The state shared by all connections: only touched on `strand`.
-struct StoreServerState {
+///
+/// Its coroutines (acceptors, the output sweeper, each connection's reader and writer) are members
+/// of `tasks`. stop_all() closes the acceptors and connections (each coroutine ends at its next
+/// wait), cancels the tasks and starts the join: a coroutine that holds the state until every task
+/// has ended, so that the state is freed on the strand after its last coroutine.
+struct StoreServerState : std::enable_shared_from_this<StoreServerState> {
     explicit StoreServerState(Executor ex, TcpStoreServerOptions opts);
+    ~StoreServerState();
 
     ServerStrand strand;
+    SlotRegistry* slots;  ///< the strand's event loop's, for the connections' hand-offs
     TcpStoreServerOptions options;
     c10d::Limits limits;
     std::vector<asio::ip::tcp::acceptor> acceptors;
@@ -107,6 +119,9 @@ struct StoreServerState {
     std::vector<std::shared_ptr<StoreConn>> dirty;
     std::vector<std::shared_ptr<StoreConn>> sending;  // send_dirty's copy of `dirty` (kept for its capacity)
     asio::steady_timer sweep;  // paces close_stalled (cancelled by stop_all)
+    bool joining = false;      // stop_all started the join of `tasks`
+    /// Declared last: destroyed first, while what its tasks wait on still exists.
+    TaskGroup tasks;
 
     /// Sends what every dirty connection has in `out`: one non-blocking send each, the writer
     /// coroutine taking over what the socket did not accept; closes those whose pushed output
@@ -121,7 +136,10 @@ struct StoreServerState {
     void close(StoreConn& c) noexcept;
     /// Closes the connections over max_queued_output whose socket took nothing for queued_output_timeout.
     void close_stalled(Clock::time_point now);
+    /// Stops accepting, closes every connection, cancels the tasks and starts their join. Idempotent.
     void stop_all();
+    /// Starts `task` in `tasks`, counted by server_tasks_running(); false when refused (stopped).
+    bool spawn(Task<void> task, const char* what);
 
 private:
     /// Accounts for output pushed to `w` by another request (a wake-up, a watch event): `w` is
@@ -145,5 +163,9 @@ private:
     void compare_set(StoreConn& c, std::string_view key, std::span<const std::uint8_t> expected,
                      std::span<const std::uint8_t> desired);
 };
+
+/// Test hooks: server states alive in this process, and their coroutines running now.
+[[nodiscard]] std::size_t server_states_alive() noexcept;
+[[nodiscard]] std::size_t server_tasks_running() noexcept;
 
 }  // namespace tensorplay::detail

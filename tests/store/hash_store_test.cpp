@@ -205,3 +205,56 @@ TEST_CASE("a waiter's io_context may end as soon as its wait is woken from anoth
     REQUIRE(good == kRounds);
     REQUIRE(store->pending_waiters() == 0);
 }
+
+// A waiter cancelled on its own thread while a writer on another thread sets its key: either the
+// value or cancelled, never a hang, and its event loop may go the moment its wait ends (ASan
+// checks that no writer touches the waiter's signal or event loop after that).
+TEST_CASE("a waiter cancelled while another thread sets its key ends cleanly, 2,000 times", "[store]") {
+    auto store = std::make_shared<HashStore>(10s);
+    constexpr int kRounds = 2000;
+    std::atomic<int> turn{-1};
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+        asio::io_context ctx(1);
+        for (int done = 0; !stop.load();) {
+            const int t = turn.load(std::memory_order_acquire);
+            if (t < done) {
+                std::this_thread::yield();
+                continue;
+            }
+            asio::co_spawn(ctx, store->set("k" + std::to_string(t), bytes("v")), [](std::exception_ptr, Result<void>) {});
+            ctx.restart();
+            ctx.run();
+            done = t + 1;
+        }
+    });
+    int values = 0, cancelled = 0, other = 0;
+    for (int i = 0; i < kRounds; ++i) {
+        const std::string key = "k" + std::to_string(i);
+        std::optional<Result<Bytes>> result;
+        {
+            asio::io_context ctx(1);  // destroyed as soon as its only wait has ended
+            asio::cancellation_signal cancel;
+            asio::co_spawn(ctx, store->get(key),
+                           asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, Result<Bytes> r) {
+                               result = e ? Result<Bytes>(fail(Errc::internal, "threw")) : std::move(r);
+                           }));
+            ctx.poll();  // parks the waiter
+            REQUIRE(store->pending_waiters() == 1);
+            turn.store(i, std::memory_order_release);  // the writer sets the key now...
+            for (int spin = 0; spin < i % 64; ++spin) std::this_thread::yield();
+            cancel.emit(asio::cancellation_type::terminal);  // ...while the waiter is cancelled
+            ctx.run();
+        }
+        REQUIRE(result);
+        if (*result && **result == bytes("v")) ++values;
+        else if (!*result && result->error().code() == Errc::cancelled) ++cancelled;
+        else ++other;
+    }
+    stop = true;
+    writer.join();
+    INFO("values " << values << ", cancelled " << cancelled);
+    CHECK(other == 0);
+    CHECK(cancelled > 0);
+    REQUIRE(store->pending_waiters() == 0);
+}
