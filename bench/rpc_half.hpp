@@ -6,8 +6,9 @@
 
 #include <tensorplay/rpc.hpp>
 
+#include "core/asio_compat.hpp"
+
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
@@ -106,7 +107,7 @@ inline Task<int> callee_main(int port_pipe, int caller_gone, const ResultPipe& o
     // store, has exited (EOF on a pipe whose only writer was the caller).
     asio::posix::stream_descriptor gone(ex, caller_gone);
     char byte;
-    auto [ec, n] = co_await gone.async_read_some(asio::buffer(&byte, 1), asio::experimental::as_tuple(asio::use_awaitable));
+    auto [ec, n] = co_await gone.async_read_some(asio::buffer(&byte, 1), tensorplay::detail::use_nothrow);
     (void)ec;
     (void)n;
     progress("callee: caller gone");
@@ -145,7 +146,7 @@ inline Task<double> calls_per_s(RpcAgent& agent, int depth, long total, bool& ok
             if (e) ok = false;
             if (--running == 0) all_done.cancel();
         });
-    auto [ec] = co_await all_done.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await all_done.async_wait(tensorplay::detail::use_nothrow);
     (void)ec;
     co_return static_cast<double>(total) / ((now_us() - t0) / 1e6);
 }
@@ -292,7 +293,7 @@ inline Task<int> caller_main(int port_pipe, std::uint16_t plain_port, const RpcC
         const double t0 = now_us();
         auto ex = co_await asio::this_coro::executor;
         asio::steady_timer idle(ex, std::chrono::seconds(cfg.idle_s));
-        co_await idle.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await idle.async_wait(tensorplay::detail::use_nothrow);
         ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
         const double cpu_us = (double(c1.tv_sec - c0.tv_sec) * 1e9 + double(c1.tv_nsec - c0.tv_nsec)) / 1e3;
         out.put("idle_cpu_pct_10s", 100.0 * cpu_us / (now_us() - t0));

@@ -12,7 +12,6 @@
 #include <tensorplay/rpc.hpp>
 
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 

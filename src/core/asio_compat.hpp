@@ -12,15 +12,15 @@
 
 #include <typeinfo>
 
-// TP_ASIO_INTERNALS: 1 when the fast paths that name asio::detail are built: edge-triggered reads
-// (transport/edge_read.*, transport/rearmed_read.hpp), in-place coroutine resumption
-// (core/resume_slot.hpp) and io_context_threads below. They are written against Asio 1.22's
-// internals, so any other Asio version, or meson's -Dasio_internals=false (TP_NO_ASIO_INTERNALS;
-// CI's sanitizer build), builds the portable paths instead, which use Asio's public API only.
+// TP_ASIO_INTERNALS: 1 when the fast paths built on Asio's private types are compiled: edge-triggered
+// reads (transport/edge_read.*, transport/rearmed_read.hpp), in-place coroutine resumption
+// (core/resume_slot.hpp) and io_context_threads (core/asio_internals.hpp). Only core/asio_internals.{hpp,cpp} name
+// Asio's detail namespace, in our own terms (ParkedCoroutine, ReactorReadOp, ReactorRegistration); they are
+// written against Asio 1.22, so any other Asio version, or meson's -Dasio_internals=false
+// (TP_NO_ASIO_INTERNALS; CI's sanitizer build), builds the portable paths instead, which use
+// Asio's public API only.
 #if !defined(TP_NO_ASIO_INTERNALS) && ASIO_VERSION >= 102200 && ASIO_VERSION < 102300
 #define TP_ASIO_INTERNALS 1
-#include <asio/detail/concurrency_hint.hpp>
-#include <asio/detail/scheduler.hpp>
 #else
 #define TP_ASIO_INTERNALS 0
 #endif
@@ -32,18 +32,6 @@ namespace tensorplay::detail {
 template <class T, class AnyExecutor>
 const T* target_of(const AnyExecutor& ex) noexcept {
     return ex && ex.target_type() == typeid(T) ? ex.template target<T>() : nullptr;
-}
-
-/// The number of threads `ctx` was made for, when it says (its concurrency hint); 0 for the special
-/// hints (ASIO_CONCURRENCY_HINT_UNSAFE and the like), which promise one thread; -1 when it cannot be
-/// told (built without TP_ASIO_INTERNALS: Asio keeps the hint in its private scheduler).
-inline int io_context_threads([[maybe_unused]] asio::io_context& ctx) {
-#if TP_ASIO_INTERNALS
-    const int hint = asio::use_service<asio::detail::scheduler>(ctx).concurrency_hint();
-    return ASIO_CONCURRENCY_HINT_IS_SPECIAL(hint) ? 0 : hint;
-#else
-    return -1;
-#endif
 }
 
 /// Completion token for library I/O: `auto [ec, n] = co_await sock.async_read_some(buf, use_nothrow);`

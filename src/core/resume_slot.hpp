@@ -17,6 +17,7 @@
 #include <asio/query.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/asio_internals.hpp"
 #include "core/recycled.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -24,8 +25,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/version.hpp>
 
-// wait() parks an asio::awaitable coroutine through the frame's own suspension hook (the one
-// use_awaitable's initiation uses), which is Asio 1.22's internal interface; without
+// wait() parks the awaiting coroutine itself (ParkedCoroutine, core/asio_internals.hpp); without
 // TP_ASIO_INTERNALS it is a coroutine over async_wait.
 #define TP_DIRECT_WAIT TP_ASIO_INTERNALS
 
@@ -209,21 +209,9 @@ private:
     };
 
 #if TP_DIRECT_WAIT
-    using CoroThread = asio::detail::awaitable_thread<asio::any_io_executor>;
-    using CoroFrame = asio::detail::awaitable_frame_base<asio::any_io_executor>;
-
-    /// A parked coroutine's thread of execution (its stack of frames), taken over from the handler
-    /// that last ran it; calling it resumes the coroutine where it suspended.
-    struct Resumer : CoroThread {
-        explicit Resumer(CoroThread* running) : CoroThread(std::move(*running)) {}
-        Resumer(Resumer&&) = default;
-        void operator()() { this->launch(); }  // (attaches itself to the top frame and resumes it)
-    };
-
-    /// The waiter of wait(): the coroutine itself. Destroying it unresumed destroys the coroutine
-    /// through its executor, as Asio does with the handler of an operation that never completes.
+    /// The waiter of wait(): the coroutine itself.
     struct DirectWaiter final : WaiterBase {
-        DirectWaiter(CoroThread* running, ResumeSlot* owner, bool cancellable) : coro(running), slot(owner) {
+        DirectWaiter(ParkedCoroutine::Detached running, ResumeSlot* owner, bool cancellable) : coro(running), slot(owner) {
             if (!cancellable) return;
             auto cs = coro.get_cancellation_slot();
             if (cs.is_connected()) cs.template emplace<Canceller>(owner);
@@ -239,7 +227,7 @@ private:
             auto ex = coro.get_executor();
             asio::post(ex, std::move(coro));
         }
-        Resumer coro;
+        ParkedCoroutine coro;
         ResumeSlot* slot;
     };
 #endif
@@ -275,16 +263,14 @@ private:
 
 #if TP_DIRECT_WAIT
 inline auto ResumeSlot::wait(OnCancel on_cancel) {
-    // Called by the awaiting frame once it is suspended (awaitable_frame_base::await_transform's
-    // hook for functions of the frame): takes its thread over and parks it here.
-    return [this, on_cancel](CoroFrame* frame) -> CoroThread* {
-        auto* w = recycled_new<DirectWaiter>(frame->detach_thread(), this, on_cancel == OnCancel::end);
+    // Runs once the awaiting coroutine is suspended: takes it over and parks it here.
+    return park_awaiting([this, on_cancel](ParkedCoroutine::Detached running) {
+        auto* w = recycled_new<DirectWaiter>(running, this, on_cancel == OnCancel::end);
         error_ = {};
         if (tracked_ && !registry_) registry_ = &SlotRegistry::of(w->coro.get_executor());
         if (tracked_) registry_->add(this);
         waiter_.store(w, std::memory_order_release);
-        return nullptr;
-    };
+    });
 }
 #else
 inline auto ResumeSlot::wait(OnCancel on_cancel) {

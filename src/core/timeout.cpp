@@ -1,8 +1,16 @@
-// Helpers behind with_timeout and block_on: exceptions and deadlines turned into Errors.
+// Helpers behind with_timeout and block_on: the deadline's race, exceptions and deadlines turned
+// into Errors.
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/runtime.hpp>
 
+#include "core/asio_compat.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <system_error>
+#include <variant>
 
 namespace tensorplay::detail {
 
@@ -25,6 +33,14 @@ Error error_from_current_exception(std::string_view where) {
 Error timeout_error(Duration d) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
     return Error(Errc::timeout, "timed out after " + std::to_string(ms) + " ms");
+}
+
+Task<bool> race_deadline(Task<void> body, Duration d) {
+    using namespace awaitable_ops;
+    asio::steady_timer timer(co_await asio::this_coro::executor, d);
+    // (`||` cancels the loser, terminally, and waits for it; the caller's cancellation reaches both.)
+    auto r = co_await (std::move(body) || timer.async_wait(asio::use_awaitable));
+    co_return r.index() == 0;
 }
 
 }  // namespace tensorplay::detail

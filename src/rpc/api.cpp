@@ -15,8 +15,6 @@
 #include <asio/thread_pool.hpp>
 #include <asio/this_coro.hpp>
 
-#include <asio/experimental/as_tuple.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -196,7 +194,7 @@ Task<Result<void>> InitRpcAgent::shutdown(bool graceful, double timeout_sec) {
         while (std::chrono::steady_clock::now() < limit) {
             if (co_await server_->num_connections() <= 1) break;
             asio::steady_timer t(ex, std::chrono::milliseconds(5));
-            auto [ec] = co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            auto [ec] = co_await t.async_wait(detail::use_nothrow);
             if (ec) break;
         }
     }

@@ -9,13 +9,13 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/asio_internals.hpp"
 #include "rpc/native_agent_factory.hpp"
 #include "transport/auth.hpp"
 
 #include <tensorplay/rpc/device_map_exchange.hpp>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detail/scheduler.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/address.hpp>

@@ -187,6 +187,8 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
 namespace {
 
 Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
+    // (close() cancels the group and wakes us: we end by `open`, not by a throw at the next wait)
+    co_await asio::this_coro::throw_if_cancelled(false);
     while (s->open) {
         if (s->queue.empty()) {
             auto [ec] = co_await s->wake.async_wait(use_nothrow);
@@ -227,12 +229,6 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
     s->queue.clear();
 }
 
-void start_writer(const std::shared_ptr<ConnectionState>& s) {
-    asio::co_spawn(s->socket.get_executor(), writer_loop(s), [](std::exception_ptr e) {
-        if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection writer").to_string());
-    });
-}
-
 std::string seconds_of(Duration d) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g s", std::chrono::duration<double>(d).count());
@@ -246,6 +242,7 @@ std::string seconds_of(Duration d) {
 Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
     const Duration frame_t = s->limits.frame_timeout, idle_t = s->limits.idle_timeout;
     const Duration period = frame_t > Duration::zero() && (idle_t <= Duration::zero() || frame_t < idle_t) ? frame_t : idle_t;
+    co_await asio::this_coro::throw_if_cancelled(false);  // (ends by `open`, as the writer)
     std::uint64_t frames = s->stats.frames_received, reads = s->stats.reads;
     bool was_partial = false;
     Duration partial_for{0}, idle_for{0};
@@ -276,11 +273,9 @@ Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
 /// the watchdog when a timeout is set.
 void start_connection(const std::shared_ptr<ConnectionState>& s) {
     s->rbuf.grow(kReadBufferSize, s->rbeg, s->rend);
-    start_writer(s);
+    (void)s->tasks.spawn(writer_loop(s), "connection writer");
     if (s->limits.frame_timeout > Duration::zero() || s->limits.idle_timeout > Duration::zero())
-        asio::co_spawn(s->socket.get_executor(), watchdog_loop(s), [](std::exception_ptr e) {
-            if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection watchdog").to_string());
-        });
+        (void)s->tasks.spawn(watchdog_loop(s), "connection watchdog");
 }
 
 }  // namespace
@@ -566,6 +561,11 @@ void Connection::dispatch_to(std::shared_ptr<FrameSink> sink) {
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }
+
+Task<void> Connection::join() {
+    auto s = state_;  // (the state outlives the join even if this handle goes)
+    co_await s->tasks.join();
+}
 
 bool Connection::is_open() const noexcept { return state_->open; }
 

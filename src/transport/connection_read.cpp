@@ -7,8 +7,8 @@
 
 #include "core/asio_compat.hpp"
 
-#include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
+#include <asio/this_coro.hpp>
 
 #include <sched.h>
 
@@ -478,7 +478,18 @@ void DispatchReader::operator()(DispatchOp& op, std::error_code ec, std::size_t 
 }
 
 namespace {
+/// Spawns `task`, which took `op`, into the connection's task group; a group that is joined
+/// already refuses it (its frame, and so `op`, destroyed unstarted): the connection then closes
+/// and the sink hears of it.
+void spawn_reader(std::shared_ptr<ConnectionState> s, std::shared_ptr<FrameSink> sink, Task<void> task) {
+    if (s->tasks.spawn(std::move(task), "connection reader")) return;
+    s->close(Error(Errc::shutdown, "connection to " + s->who() + " is shutting down (its background work was joined)"));
+    sink->on_closed(s->closed_error());
+}
+
 Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
+    // (A close cancels the group: the read fails by it, and on_closed says so; no throw here.)
+    co_await asio::this_coro::throw_if_cancelled(false);
     DispatchReader& r = owner.op->reader;
     auto f = co_await r.s->read_general();
     if (!f) {
@@ -524,11 +535,10 @@ void dispatch_frames(DispatchOp& op) {
                 op.end();
                 return;
             case ConnectionState::Parse::general: {
-                auto ex = s.socket.get_executor();
                 handed_on = true;
-                asio::co_spawn(ex, dispatch_general(RearmedReadOwner<DispatchReader>(&op)), [](std::exception_ptr e) {
-                    if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection reader").to_string());
-                });
+                auto keep = r.s;
+                auto sink = r.sink;
+                spawn_reader(std::move(keep), std::move(sink), dispatch_general(RearmedReadOwner<DispatchReader>(&op)));
                 return;
             }
             case ConnectionState::Parse::more: {
@@ -553,6 +563,7 @@ void dispatch_frames(DispatchOp& op) {
 namespace {
 /// The shm dispatch reader's life (dispatch_shm_frames). `owner` ends the op when it returns.
 Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
+    co_await asio::this_coro::throw_if_cancelled(false);  // (a close ends it by the failed read)
     DispatchReader& r = owner.op->reader;
     ConnectionState& s = *r.s;  // (the reader holds the state)
     try {
@@ -591,10 +602,9 @@ Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
 }  // namespace
 
 void dispatch_shm_frames(DispatchOp& op) {
-    auto ex = op.reader.s->socket.get_executor();
-    asio::co_spawn(ex, dispatch_shm(RearmedReadOwner<DispatchReader>(&op)), [](std::exception_ptr e) {
-        if (e) log(LogLevel::error, "transport", detail::error_from_exception_ptr(e, "connection reader").to_string());
-    });
+    auto keep = op.reader.s;
+    auto sink = op.reader.sink;
+    spawn_reader(std::move(keep), std::move(sink), dispatch_shm(RearmedReadOwner<DispatchReader>(&op)));
 }
 
 }  // namespace tensorplay::detail

@@ -4,6 +4,7 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "core/task_group.hpp"
 #include "transport/channel.hpp"
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
@@ -68,7 +69,12 @@ struct ConnectionState {
     /// `tcp`: the stream is TCP (TCP_INQ may be asked); any other stream reads short (a Unix
     /// stream socket, like TCP, hands over all it holds up to the buffer's size).
     ConnectionState(asio::generic::stream_protocol::socket s, ConnectionLimits l, bool is_tcp)
-        : socket(std::move(s)), limits(std::move(l)), tcp(is_tcp), wake(socket.get_executor()), watchdog(socket.get_executor()) {
+        : socket(std::move(s)),
+          limits(std::move(l)),
+          tcp(is_tcp),
+          wake(socket.get_executor()),
+          watchdog(socket.get_executor()),
+          tasks(socket.get_executor()) {
         wake.expires_at(asio::steady_timer::time_point::max());
         rbuf.grow(kHandshakeBufferSize, rbeg, rend);
         edge.short_reads = !tcp;
@@ -121,6 +127,10 @@ struct ConnectionState {
     bool open = true;
     std::optional<Error> reason;
     ConnectionStats stats;
+    /// The connection's background coroutines: the writer, the watchdog and the dispatch reader's
+    /// coroutines (each holds this state). close() cancels them; Connection::join awaits them.
+    /// Declared last: destroyed first, while what they wait on still exists.
+    TaskGroup tasks;
 
     [[nodiscard]] std::string who() const {
         std::string s = peer.name.empty() ? std::string("peer") : "worker \"" + peer.name + "\"";
@@ -143,6 +153,7 @@ struct ConnectionState {
         if (shm) shm->close();
         wake.cancel();
         watchdog.cancel();
+        tasks.cancel();
         holds.clear();  // (the peer can no longer read them: cma reads need the connection's hold)
         stats.cma_held = 0;
     }

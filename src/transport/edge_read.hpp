@@ -11,6 +11,7 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/version.hpp>
 
+#include "core/asio_internals.hpp"
 #include "core/resume_slot.hpp"
 
 #include <cstddef>
@@ -18,13 +19,8 @@
 #include <system_error>
 #include <utility>
 
-#if TP_ASIO_INTERNALS && defined(ASIO_HAS_EPOLL) && !defined(ASIO_HAS_IO_URING_AS_DEFAULT)
-#define TP_EDGE_READ 1
-#include <asio/detail/reactor.hpp>
-#include <asio/detail/reactor_op.hpp>
-#else
-#define TP_EDGE_READ 0
-#endif
+// TP_EDGE_READ: edge reads are built (they are reactor reads of our own: core/asio_internals.hpp).
+#define TP_EDGE_READ TP_REACTOR_READS
 
 namespace tensorplay::detail {
 
@@ -56,11 +52,14 @@ struct EdgeReadState {
 #if TP_EDGE_READ
 namespace edge {
 
-/// The untyped part of the operation: the read itself (recv, or recvmsg + TCP_INQ), in edge_read.cpp.
-struct OpBase : asio::detail::reactor_op {
-    OpBase(func_type complete, int fd_, asio::mutable_buffer b, EdgeReadState& st)
-        : reactor_op(asio::error_code(), &perform, complete), fd(fd_), buf(b), state(&st) {}
-    static status perform(asio::detail::reactor_op* base);
+/// The untyped part of the operation: what to read into and where. Its perform step, the read
+/// itself (recv, or recvmsg + TCP_INQ), is perform() in edge_read.cpp; `Complete` takes the result.
+struct OpBase : ReactorReadOp {
+    /// Reads now (without blocking) and says whether that drained the socket.
+    static ReadStatus perform(ReactorReadOp& base);
+    template <void (*Complete)(ReactorReadOp&, bool)>
+    OpBase(Steps<&perform, Complete> steps, int fd_, asio::mutable_buffer b, EdgeReadState& st)
+        : ReactorReadOp(steps), fd(fd_), buf(b), state(&st) {}
     int fd;
     asio::mutable_buffer buf;
     EdgeReadState* state;  // next to the socket: valid while the socket is open
@@ -68,33 +67,31 @@ struct OpBase : asio::detail::reactor_op {
 
 /// Cancels the read through the reactor (terminal, partial or total), as Asio's own reads do.
 struct Canceller {
-    asio::detail::reactor* reactor;
-    asio::detail::reactor::per_descriptor_data* data;
-    int fd;
+    ReactorRegistration reg;
     void operator()(asio::cancellation_type type);
 };
 
-/// Owned by the reactor from start_op until its completion, or its destruction with the event
-/// loop (`owner` null), which destroys the handler (and so the parked coroutine) with it.
+/// Owned by the reactor from start() until its completion, or its destruction with the event
+/// loop (not live), which destroys the handler (and so the parked coroutine) with it.
 template <class Handler>
 struct Op final : OpBase {
     Op(Handler&& h, int fd_, asio::mutable_buffer b, EdgeReadState& st)
-        : OpBase(&complete, fd_, b, st), handler(std::move(h)) {}
+        : OpBase(Steps<&OpBase::perform, &Op::complete>{}, fd_, b, st), handler(std::move(h)) {}
 
     static Op* create(Handler&& h, int fd_, asio::mutable_buffer b, EdgeReadState& st) {
         return recycled_new<Op>(std::move(h), fd_, b, st);
     }
     static void destroy(Op* o) noexcept { recycled_delete(o); }
 
-    static void complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
-        auto* o = static_cast<Op*>(base);
-        if (!owner) {
+    static void complete(ReactorReadOp& base, bool live) {
+        auto* o = static_cast<Op*>(&base);
+        if (!live) {
             destroy(o);
             return;
         }
         Handler h(std::move(o->handler));
-        const std::error_code ec = o->ec_;
-        const std::size_t n = o->bytes_transferred_;
+        const std::error_code ec = o->ec();
+        const std::size_t n = o->bytes();
         destroy(o);
         // Our canceller goes first: it names this operation, which is gone.
         if (auto cs = asio::get_associated_cancellation_slot(h); cs.is_connected()) cs.clear();
@@ -107,19 +104,14 @@ struct Op final : OpBase {
 /// The socket's reactor registration; prepares `state` (TCP_INQ unless short_reads, the
 /// reactor) on first use. For a TCP socket, or a generic stream one (TCP or a Unix socket: a Unix
 /// socket's reader must read short, TCP_INQ being TCP's).
-struct Registration {
-    asio::detail::reactor* reactor;
-    asio::detail::reactor::per_descriptor_data* data;
-    int fd;
-};
-Registration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
-Registration prepare(asio::generic::stream_protocol::socket& socket, EdgeReadState& state);
+ReactorRegistration prepare(asio::ip::tcp::socket& socket, EdgeReadState& state);
+ReactorRegistration prepare(asio::generic::stream_protocol::socket& socket, EdgeReadState& state);
 
 /// Starts `op` on the reactor. `recheck` after a read that drained the socket: read once now
 /// instead of waiting for the next edge (a FIN or reset that came in with the bytes already read
 /// has spent its edge: only a read finds it); a completed read is posted like Asio's own
 /// speculative reads.
-void start(const Registration& reg, OpBase* op, bool recheck);
+void start(const ReactorRegistration& reg, OpBase* op, bool recheck);
 
 }  // namespace edge
 #endif
@@ -155,7 +147,7 @@ auto async_edge_read(Socket& socket, asio::mutable_buffer buf, EdgeReadState& st
             auto cs = asio::get_associated_cancellation_slot(handler);
             auto* op = edge::Op<H>::create(std::move(handler), reg.fd, b, *st);
             if (cs.is_connected())
-                op->cancellation_key_ = &cs.template emplace<edge::Canceller>(edge::Canceller{reg.reactor, reg.data, reg.fd});
+                op->set_cancellation_key(&cs.template emplace<edge::Canceller>(edge::Canceller{reg}));
             edge::start(reg, op, again);
         },
         token, &socket, buf, &state, recheck);

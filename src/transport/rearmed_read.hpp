@@ -71,7 +71,7 @@ public:
 
     template <class... Args>
     RearmedRead(asio::generic::stream_protocol::socket& socket, EdgeReadState& state, Args&&... args)
-        : edge::OpBase(&complete, -1, asio::mutable_buffer(), state),
+        : edge::OpBase(Steps<&edge::OpBase::perform, &RearmedRead::complete>{}, -1, asio::mutable_buffer(), state),
           reader(std::forward<Args>(args)...),
           socket_(&socket),
           edge_(&state) {}
@@ -82,8 +82,8 @@ public:
         const auto reg = edge::prepare(*socket_, *edge_);
         fd = reg.fd;
         buf = b;
-        ec_ = asio::error_code();
-        bytes_transferred_ = 0;
+        ec() = std::error_code();
+        bytes() = 0;
         edge::start(reg, this, recheck);
     }
     /// Frees the op and its reader (not while a read is pending).
@@ -92,13 +92,13 @@ public:
     Reader reader;
 
 private:
-    static void complete(void* owner, asio::detail::operation* base, const asio::error_code&, std::size_t) {
-        auto* o = static_cast<RearmedRead*>(base);
-        if (!owner) {  // the event loop is going: the pending read with it
+    static void complete(ReactorReadOp& base, bool live) {
+        auto* o = static_cast<RearmedRead*>(&base);
+        if (!live) {  // the event loop is going: the pending read with it
             o->end();
             return;
         }
-        rearmed::complete_on_executor(o, o->ec_, o->bytes_transferred_);
+        rearmed::complete_on_executor(o, o->ec(), o->bytes());
     }
 
     asio::generic::stream_protocol::socket* socket_;

@@ -92,3 +92,30 @@ TEST_CASE("cancelling the caller cancels the inner operation", "[core]") {
         REQUIRE(out->error().code() == Errc::cancelled);
     });
 }
+
+namespace {
+// On cancellation, keeps running for `cleanup` (a wait that ignores cancellation), then ends.
+Task<Result<int>> slow_to_stop(Duration cleanup, bool* ended) {
+    asio::steady_timer t(co_await asio::this_coro::executor, 10s);
+    std::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await asio::this_coro::throw_if_cancelled(false);
+    co_await asio::this_coro::reset_cancellation_state();  // (the cleanup wait is not cancelled)
+    t.expires_after(cleanup);
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    *ended = true;
+    co_return 7;  // (a value after the deadline: the timeout wins all the same)
+}
+}  // namespace
+
+TEST_CASE("with_timeout returns only once the cancelled operation has stopped", "[core]") {
+    test::run_with_deadline(5s, []() -> Task<void> {
+        bool ended = false;
+        auto start = Clock::now();
+        auto r = co_await with_timeout(slow_to_stop(100ms, &ended), 20ms);
+        REQUIRE(ended);  // nothing of the operation runs after with_timeout returned
+        REQUIRE(Clock::now() - start >= 100ms);
+        REQUIRE_FALSE(r);
+        REQUIRE(r.error().code() == Errc::timeout);
+    });
+}

@@ -400,3 +400,91 @@ TEST_CASE("frames split across reads, and frames straddling the end of the read 
         }
     });
 }
+
+namespace {
+/// Counts what a dispatch hands over.
+struct CountingSink final : FrameSink {
+    int frames = 0, closed = 0;
+    std::optional<Error> why;
+    void on_small_frame(const FrameView&) override { ++frames; }
+    void on_frame(Frame&&) override { ++frames; }
+    void on_closed(const Error& e) override {
+        ++closed;
+        why = e;
+    }
+};
+
+Task<Result<void>> joined(std::shared_ptr<Connection> c) {
+    co_await c->join();
+    co_return ok();
+}
+}  // namespace
+
+TEST_CASE("join: a connection closed with its writer blocked on a peer that does not read and a dispatch mid-frame "
+          "ends every coroutine",
+          "[transport][fault]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        auto sink = std::make_shared<CountingSink>();
+        conn->dispatch_to(sink);
+        // Half a frame with a 1 MiB tensor: the dispatch's general reader waits for the rest.
+        WireWriter meta;
+        meta.str32("h").u32(1);
+        meta.u8(0).u8(0).u16(0xFFFF).u8(0).u16(0xFFFF).u8(1).i64(1 << 20).u64(1 << 20);
+        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        h.insert(h.end(), meta.data().begin(), meta.data().end());
+        h.resize(h.size() + 100000);
+        co_await test::write_raw(rc->raw, h);
+        // 64 MiB queued to a peer that never reads: the writer blocks in its write.
+        for (std::uint64_t i = 0; i < 64; ++i) {
+            Frame f;
+            f.id = i;
+            f.name = "x";
+            f.payload.resize(1 << 20);
+            REQUIRE(conn->send(std::move(f)));
+        }
+        asio::steady_timer t(ex, 100ms);
+        co_await t.async_wait(asio::use_awaitable);
+        REQUIRE(conn->is_open());
+        CHECK(sink->frames == 0);
+        CHECK(conn->stats().reads >= 1);  // (the frame's head was read)
+
+        conn->close(Error(Errc::shutdown, "closed by the test"));
+        auto j = co_await with_timeout(joined(conn), 2s);
+        REQUIRE(j);  // not Errc::timeout: every coroutine ended
+        CHECK(sink->closed == 1);
+        CHECK(sink->why->code() == Errc::shutdown);
+        const auto stats = conn->stats();
+        t.expires_after(50ms);
+        co_await t.async_wait(asio::use_awaitable);
+        // Nothing of the connection ran after the join: no read, no write, no sink call; the
+        // reader let go of the sink.
+        CHECK(conn->stats().reads == stats.reads);
+        CHECK(conn->stats().writes == stats.writes);
+        CHECK(sink->closed == 1);
+        CHECK(sink->frames == 0);
+        CHECK(sink.use_count() == 1);
+    });
+}
+
+TEST_CASE("join waits while the connection is open and completes when the peer goes", "[transport][fault]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto rc = co_await raw_client();
+        auto conn = co_await handshaken(*rc);
+        auto sink = std::make_shared<CountingSink>();
+        conn->dispatch_to(sink);
+        auto early = co_await with_timeout(joined(conn), 100ms);
+        REQUIRE_FALSE(early);  // open: its writer and reader still run
+        CHECK(early.error().code() == Errc::timeout);
+        CHECK(conn->is_open());
+        rc->raw.close();
+        auto j = co_await with_timeout(joined(conn), 2s);
+        REQUIRE(j);
+        CHECK(sink->closed == 1);
+        CHECK_FALSE(conn->is_open());
+        (void)ex;
+    });
+}

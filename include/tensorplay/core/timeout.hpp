@@ -4,14 +4,9 @@
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-
 #include <chrono>
 #include <exception>
-#include <variant>
+#include <optional>
 
 namespace tensorplay {
 
@@ -32,6 +27,18 @@ Task<Result<T>> catching(Task<Result<T>> op) {
         co_return fail(error_from_current_exception("operation"));
     }
 }
+
+/// Runs `op` (as catching() does) into `out`, which must outlive this coroutine.
+template <class T>
+Task<void> run_into(Task<Result<T>> op, std::optional<Result<T>>& out) {
+    out.emplace(co_await catching(std::move(op)));
+}
+
+/// Races `body` against a deadline `d` (> 0) on the caller's executor: true when `body` ended
+/// first; false when `d` passed first, `body` then being cancelled (terminal cancellation) and
+/// awaited until it stopped. Cancellation of the caller is forwarded to `body`. In timeout.cpp:
+/// the timer and the race live there, not in every user's code.
+[[nodiscard]] Task<bool> race_deadline(Task<void> body, Duration d);
 }  // namespace detail
 
 /// Runs `op` with a deadline. When `d` passes first, `op` is cancelled (terminal cancellation),
@@ -40,10 +47,9 @@ Task<Result<T>> catching(Task<Result<T>> op) {
 template <class T>
 [[nodiscard]] Task<Result<T>> with_timeout(Task<Result<T>> op, Duration d) {
     if (d <= Duration::zero()) co_return co_await detail::catching(std::move(op));
-    using namespace asio::experimental::awaitable_operators;
-    asio::steady_timer timer(co_await asio::this_coro::executor, d);
-    auto r = co_await (detail::catching(std::move(op)) || timer.async_wait(asio::use_awaitable));
-    if (r.index() == 0) co_return std::move(std::get<0>(r));
+    std::optional<Result<T>> out;  // (outlives the race, which awaits `op` until it stops)
+    auto race = detail::race_deadline(detail::run_into(std::move(op), out), d);
+    if (co_await std::move(race)) co_return std::move(*out);
     co_return fail(detail::timeout_error(d));
 }
 

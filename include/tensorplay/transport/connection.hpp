@@ -294,7 +294,13 @@ public:
     /// runs and nothing is allocated per frame.
     void dispatch_to(std::shared_ptr<FrameSink> sink);
     /// Closes the socket; pending and later operations fail with `reason` (default connection_lost).
+    /// Cancels the connection's background coroutines (writer, watchdog, dispatch reader).
     void close(std::optional<Error> reason = std::nullopt);
+    /// Completes once every background coroutine of this connection has ended (after close(), or
+    /// the peer's): none of them runs afterwards, and a dispatch_to sink has had its on_closed.
+    /// Does not close. One joiner at a time; cancelling the join ends only the join. A frame
+    /// reader that would start after the join began is refused (the connection closes).
+    [[nodiscard]] Task<void> join();
     [[nodiscard]] bool is_open() const noexcept;
     [[nodiscard]] const ConnectionStats& stats() const noexcept;
 
