@@ -14,7 +14,7 @@
 
 // TP_ASIO_INTERNALS: 1 when the fast paths built on Asio's private types are compiled: edge-triggered
 // reads (transport/edge_read.*, transport/rearmed_read.hpp), in-place coroutine resumption
-// (core/resume_slot.hpp) and io_context_threads (core/asio_internals.hpp). Only core/asio_internals.{hpp,cpp} name
+// (core/resume_slot.hpp) and io_context_threads (core/asio_compat_internals.hpp). Only core/asio_compat_internals.hpp names
 // Asio's detail namespace, in our own terms (ParkedCoroutine, ReactorReadOp, ReactorRegistration); they are
 // written against Asio 1.22, so any other Asio version, or meson's -Dasio_internals=false
 // (TP_NO_ASIO_INTERNALS; CI's sanitizer build), builds the portable paths instead, which use

@@ -17,7 +17,7 @@
 #include <asio/query.hpp>
 
 #include "core/asio_compat.hpp"
-#include "core/asio_internals.hpp"
+#include "core/asio_compat_internals.hpp"
 #include "core/recycled.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -25,7 +25,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/version.hpp>
 
-// wait() parks the awaiting coroutine itself (ParkedCoroutine, core/asio_internals.hpp); without
+// wait() parks the awaiting coroutine itself (ParkedCoroutine, core/asio_compat_internals.hpp); without
 // TP_ASIO_INTERNALS it is a coroutine over async_wait.
 #define TP_DIRECT_WAIT TP_ASIO_INTERNALS
 

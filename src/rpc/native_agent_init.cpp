@@ -9,7 +9,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
-#include "core/asio_internals.hpp"
+#include "core/asio_compat_internals.hpp"
 #include "rpc/native_agent_factory.hpp"
 #include "transport/auth.hpp"
 

@@ -11,6 +11,7 @@
 // Errc::connection_lost; its unsent ones move to a new lane, whose single connect attempt failing
 // marks the client broken: every later operation then fails at once.
 #include "store/tcp_store_client_impl.hpp"
+#include "store/owned_tasks.hpp"
 
 #include "core/asio_compat.hpp"
 
@@ -304,30 +305,11 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 Lane::Lane(ClientState& client) : ClientDeadline(Kind::wait), socket(client.strand) {}
 
 namespace {
-std::atomic<std::size_t> g_states{0};
-std::atomic<std::size_t> g_tasks{0};
-
-/// Counts a running client task for client_tasks_running() (held in its frame).
-struct TaskCount {
-    TaskCount() { g_tasks.fetch_add(1, std::memory_order_relaxed); }
-    ~TaskCount() { g_tasks.fetch_sub(1, std::memory_order_relaxed); }
-    TaskCount(const TaskCount&) = delete;
-    TaskCount& operator=(const TaskCount&) = delete;
-};
-
-Task<void> counted(Task<void> task) {
-    TaskCount count;
-    co_await std::move(task);
-}
-
-// The join shut() starts: holds the state until every task has ended, so that the state is let go
-// on the strand with nothing of it running (a caller that drops it later finds an idle group). Not
-// a member of the group it joins; it ends when they do, which cancel() has asked for.
-Task<void> join_then_release(std::shared_ptr<ClientState> s) { co_await s->tasks.join(); }
+LifetimeCounters g_counts;
 }  // namespace
 
-std::size_t client_states_alive() noexcept { return g_states.load(std::memory_order_relaxed); }
-std::size_t client_tasks_running() noexcept { return g_tasks.load(std::memory_order_relaxed); }
+std::size_t client_states_alive() noexcept { return g_counts.states.load(std::memory_order_relaxed); }
+std::size_t client_tasks_running() noexcept { return g_counts.tasks.load(std::memory_order_relaxed); }
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),
@@ -336,12 +318,12 @@ ClientState::ClientState(Executor ex, TcpStoreOptions opts)
       where(options.host + ":" + std::to_string(options.port)),
       deadlines(strand, tasks, [this](DeadlineHook& h) { on_deadline(static_cast<ClientDeadline&>(h)); }),
       tasks(strand) {  // (deadlines: `tasks` is bound now, used later)
-    g_states.fetch_add(1, std::memory_order_relaxed);
+    g_counts.states.fetch_add(1, std::memory_order_relaxed);
 }
 
-ClientState::~ClientState() { g_states.fetch_sub(1, std::memory_order_relaxed); }
+ClientState::~ClientState() { g_counts.states.fetch_sub(1, std::memory_order_relaxed); }
 
-void ClientState::spawn(Task<void> task, const char* what) { tasks.spawn(counted(std::move(task)), what); }
+void ClientState::spawn(Task<void> task, const char* what) { tasks.spawn(counted(g_counts, std::move(task)), what); }
 
 // From the keeper's sweep (on the strand; never after shut(), which closes the keeper).
 void ClientState::on_deadline(ClientDeadline& d) {
@@ -450,12 +432,7 @@ void ClientState::shut(Error e) {
     deadlines.close();
     tasks.close();
     tasks.cancel();
-    if (!joining) {
-        joining = true;
-        asio::co_spawn(strand, join_then_release(shared_from_this()), [](std::exception_ptr ex) {
-            if (ex) log(LogLevel::error, "store", error_from_exception_ptr(ex, "joining the store client's tasks").to_string());
-        });
-    }
+    release_after_join(strand, shared_from_this(), joining, "the store client");
 }
 
 }  // namespace tensorplay::detail

@@ -1,5 +1,6 @@
 // TcpStoreServer key space: what each c10d request does to the keys, waiters and watchers.
 #include "store/tcp_store_server_impl.hpp"
+#include "store/owned_tasks.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
@@ -18,24 +19,7 @@ std::span<const std::uint8_t> as_span(std::string_view s) {
     return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
-std::atomic<std::size_t> g_states{0};
-std::atomic<std::size_t> g_tasks{0};
-
-/// Counts a running server task for server_tasks_running() (held in its frame).
-struct TaskCount {
-    TaskCount() { g_tasks.fetch_add(1, std::memory_order_relaxed); }
-    ~TaskCount() { g_tasks.fetch_sub(1, std::memory_order_relaxed); }
-    TaskCount(const TaskCount&) = delete;
-    TaskCount& operator=(const TaskCount&) = delete;
-};
-
-Task<void> counted(Task<void> task) {
-    TaskCount count;
-    co_await std::move(task);
-}
-
-// stop_all's join: holds the state until its last task has ended (not a member of the group).
-Task<void> join_then_release(std::shared_ptr<StoreServerState> s) { co_await s->tasks.join(); }
+LifetimeCounters g_counts;
 }  // namespace
 
 StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
@@ -46,15 +30,15 @@ StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
       sweep(strand),
       tasks(strand) {
     slots = &SlotRegistry::of(strand);
-    g_states.fetch_add(1, std::memory_order_relaxed);
+    g_counts.states.fetch_add(1, std::memory_order_relaxed);
 }
 
-StoreServerState::~StoreServerState() { g_states.fetch_sub(1, std::memory_order_relaxed); }
+StoreServerState::~StoreServerState() { g_counts.states.fetch_sub(1, std::memory_order_relaxed); }
 
-std::size_t server_states_alive() noexcept { return g_states.load(std::memory_order_relaxed); }
-std::size_t server_tasks_running() noexcept { return g_tasks.load(std::memory_order_relaxed); }
+std::size_t server_states_alive() noexcept { return g_counts.states.load(std::memory_order_relaxed); }
+std::size_t server_tasks_running() noexcept { return g_counts.tasks.load(std::memory_order_relaxed); }
 
-bool StoreServerState::spawn(Task<void> task, const char* what) { return tasks.spawn(counted(std::move(task)), what); }
+bool StoreServerState::spawn(Task<void> task, const char* what) { return tasks.spawn(counted(g_counts, std::move(task)), what); }
 
 bool StoreServerState::reply_fits(Op op, std::size_t size, std::string& why) const {
     if (size <= options.max_reply_size) return true;
@@ -401,12 +385,7 @@ void StoreServerState::stop_all() {
                                          " connection(s)");
     tasks.close();
     tasks.cancel();  // (what is left: acceptors and the sweeper, whose waits end now)
-    if (!joining) {
-        joining = true;
-        asio::co_spawn(strand, join_then_release(shared_from_this()), [](std::exception_ptr e) {
-            if (e) log(LogLevel::error, "store", error_from_exception_ptr(e, "joining the store server's tasks").to_string());
-        });
-    }
+    release_after_join(strand, shared_from_this(), joining, "the store server");
 }
 
 }  // namespace tensorplay::detail

@@ -1,4 +1,4 @@
-// async_edge_read on Asio's epoll reactor: a reactor read of our own (core/asio_internals.hpp)
+// async_edge_read on Asio's epoll reactor: a reactor read of our own (core/asio_compat_internals.hpp)
 // whose perform step says "drained" when the kernel reports no bytes left (TCP_INQ). Other builds
 // fall back to async_read_some.
 #include "transport/edge_read.hpp"

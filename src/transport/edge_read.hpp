@@ -11,7 +11,7 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/version.hpp>
 
-#include "core/asio_internals.hpp"
+#include "core/asio_compat_internals.hpp"
 #include "core/resume_slot.hpp"
 
 #include <cstddef>
@@ -19,7 +19,7 @@
 #include <system_error>
 #include <utility>
 
-// TP_EDGE_READ: edge reads are built (they are reactor reads of our own: core/asio_internals.hpp).
+// TP_EDGE_READ: edge reads are built (they are reactor reads of our own: core/asio_compat_internals.hpp).
 #define TP_EDGE_READ TP_REACTOR_READS
 
 namespace tensorplay::detail {

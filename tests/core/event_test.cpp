@@ -142,12 +142,17 @@ TEST_CASE("RemoteSignal: notified from another thread, before or during the wait
     asio::co_spawn(
         ctx,
         [&]() -> Task<void> {
-            if (before) notifier.join();
-            else notifier = std::thread([n = sig.notifier()] {
-                     std::this_thread::sleep_for(20ms);
-                     n.notify(make_error_code(std::errc::timed_out));
-                     n.notify();  // a second notify does nothing
-                 });
+            if (before) {
+                notifier.join();
+            } else {
+                // Posted: it runs once this coroutine is parked in the wait below.
+                asio::post(ctx, [&notifier, n = sig.notifier()] {
+                    notifier = std::thread([n] {
+                        n.notify(make_error_code(std::errc::timed_out));
+                        n.notify();  // a second notify does nothing
+                    });
+                });
+            }
             got = co_await sig.wait();
             resumed_on = std::this_thread::get_id();
             done = true;

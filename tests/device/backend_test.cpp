@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -176,10 +177,9 @@ TEST_CASE("a wait on a sim event ends when cancelled (a timeout); the event comp
     SimGuard g(sim(1));
     auto s = g.backend.acquire_stream(Device::cuda(0));
     REQUIRE(s);
-    std::atomic<bool> release{false};
-    REQUIRE(g.backend.enqueue_host(*s, [&] {
-        while (!release.load()) std::this_thread::sleep_for(1ms);  // holds the stream until told
-    }));
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    REQUIRE(g.backend.enqueue_host(*s, [released] { released.wait(); }));  // holds the stream until told
     auto ev = g.backend.record_event(*s);
     REQUIRE(ev);
     test::run_with_deadline(5s, [&]() -> Task<void> {
@@ -189,7 +189,7 @@ TEST_CASE("a wait on a sim event ends when cancelled (a timeout); the event comp
         CHECK(r.error().code() == Errc::timeout);
     });
     CHECK_FALSE(ev->ready());
-    release = true;  // the event completes with nobody waiting (its notification finds no one)
+    release.set_value();  // the event completes with nobody waiting (its notification finds no one)
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto again = g.backend.wait(*ev);
         auto r = co_await std::move(again);

@@ -35,6 +35,20 @@ Task<void> caller(CallTable& table, PendingCalls& pending, std::uint64_t id, Clo
     if (pc->result) out = std::move(*pc->result);
 }
 
+/// A table as the agent keeps one: on the test's executor, its deadline sweep in a task group.
+struct Calls {
+    explicit Calls(Executor ex) : tasks(ex), table(ex, tasks) {}
+    /// Closes the table and waits until its sweep has ended.
+    Task<void> close() {
+        table.close();
+        tasks.cancel();
+        co_await tasks.join();
+    }
+    TaskGroup tasks;
+    CallTable table;
+    PendingCalls pending;
+};
+
 Task<void> pause(Duration d) {
     asio::steady_timer t(co_await asio::this_coro::executor, d);
     co_await t.async_wait(detail::use_nothrow);
@@ -45,9 +59,9 @@ Task<void> pause(Duration d) {
 TEST_CASE("a reply takes its call; a late reply finds nothing; the count follows the callers' frames", "[rpc][calls]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TaskGroup tasks(ex);
-        CallTable table(ex, tasks);
-        PendingCalls pending;
+        Calls calls(ex);
+        auto& table = calls.table;
+        auto& pending = calls.pending;
         const auto a = table.next_id(), b = table.next_id();
         CHECK(a != b);
         std::optional<Result<Message>> ra, rb;
@@ -71,18 +85,16 @@ TEST_CASE("a reply takes its call; a late reply finds nothing; the count follows
         CHECK(rb->error().code() == Errc::connection_lost);
         CHECK(table.outstanding() == 0);
         CHECK(pending.empty());
-        table.close();
-        tasks.cancel();
-        co_await tasks.join();
+        co_await calls.close();
     });
 }
 
 TEST_CASE("a call past its deadline is signalled without a result and leaves the map; others wait on", "[rpc][calls]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TaskGroup tasks(ex);
-        CallTable table(ex, tasks);
-        PendingCalls pending;
+        Calls calls(ex);
+        auto& table = calls.table;
+        auto& pending = calls.pending;
         std::optional<Result<Message>> r1, r2;
         bool t1 = false, t2 = false;
         asio::co_spawn(ex, caller(table, pending, 1, Clock::now() + 20ms, nullptr, r1, t1), asio::detached);
@@ -96,18 +108,16 @@ TEST_CASE("a call past its deadline is signalled without a result and leaves the
         CHECK_FALSE(t2);
         table.fail(pending, nullptr, Error(Errc::shutdown, "closing"));
         CHECK(r2);
-        table.close();
-        tasks.cancel();
-        co_await tasks.join();
+        co_await calls.close();
     });
 }
 
 TEST_CASE("failing a connection's calls leaves the calls sent on another connection", "[rpc][calls]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TaskGroup tasks(ex);
-        CallTable table(ex, tasks);
-        PendingCalls pending;
+        Calls calls(ex);
+        auto& table = calls.table;
+        auto& pending = calls.pending;
         const auto* old_conn = reinterpret_cast<const Connection*>(0x1000);
         const auto* new_conn = reinterpret_cast<const Connection*>(0x2000);
         std::optional<Result<Message>> r[3];
@@ -123,18 +133,16 @@ TEST_CASE("failing a connection's calls leaves the calls sent on another connect
         CHECK(pending.size() == 1);
         CHECK(table.outstanding() == 1);
         table.fail(pending, nullptr, Error(Errc::shutdown, "closing"));
-        table.close();
-        tasks.cancel();
-        co_await tasks.join();
+        co_await calls.close();
     });
 }
 
 TEST_CASE("drained() waits for the last call, gives up at its deadline, and ends when the table closes", "[rpc][calls]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TaskGroup tasks(ex);
-        CallTable table(ex, tasks);
-        PendingCalls pending;
+        Calls calls(ex);
+        auto& table = calls.table;
+        auto& pending = calls.pending;
         const bool at_once = co_await table.drained(never);  // nothing outstanding: at once
         CHECK(at_once);
 
@@ -171,7 +179,6 @@ TEST_CASE("drained() waits for the last call, gives up at its deadline, and ends
         const bool at_close = co_await table.drained(never);
         CHECK_FALSE(at_close);
         table.finished();
-        tasks.cancel();
-        co_await tasks.join();
+        co_await calls.close();
     });
 }
