@@ -8,6 +8,8 @@
 #include <tensorplay/store/store.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
+
 #include "core/asio_compat.hpp"
 #include "core/event.hpp"
 #include "rpc/call_table.hpp"

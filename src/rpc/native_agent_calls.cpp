@@ -143,7 +143,7 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     // Short reads: a FIN or reset that comes with the last bytes is still seen at once where it
     // matters (an unfinished frame; replies awaited with nothing sent since: awaiting_input), and
     // elsewhere by the send that follows (every request is answered; docs/protocol.md, "Receiving").
-    conn->set_short_reads(true);
+    set_short_reads(*conn, true);
     auto link = peers.link(rank);
     if (link) {
         link->conn = conn;
@@ -152,7 +152,7 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
         inbound.push_back(conn);
     }
     auto* c = conn.get();
-    c->dispatch_to(std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
+    dispatch_to(*c, std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
 }
 
 Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
@@ -218,7 +218,7 @@ Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std
                                             t.device().str() + ", which has no device map from worker \"" + self.name +
                                             "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
     }
-    if (auto s = peer.conn->send(FrameKind::request, id, handler, message.payload, message.tensors, targets, flush); !s) {
+    if (auto s = send_parts(*peer.conn, FrameKind::request, id, handler, message.payload, message.tensors, targets, flush); !s) {
         if (s.error().code() == Errc::invalid_argument) return fail(std::move(s).error());
         return fail(Error(Errc::connection_lost, "rpc to worker \"" + peer.info.name + "\": " + s.error().message(), peer.info.name));
     }

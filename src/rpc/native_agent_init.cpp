@@ -93,7 +93,7 @@ Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream) {
     auth.key = core->auth_key;
     auth.admit = [c = core.get()](const HelloInfo& peer) { return c->admit(peer); };  // (runs within this coroutine)
     // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
-    auto accepting = Connection::accept(std::move(stream), core->hello(), core->tuning.limits, std::move(auth));
+    auto accepting = accept_stream(std::move(stream), core->hello(), core->tuning.limits, std::move(auth));
     auto c = co_await std::move(accepting);
     if (!c) {
         --core->inbound_open;

@@ -52,14 +52,14 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
         if (r) c.bytes_sent += message_bytes(*r);
     }
     // Flush now unless more requests are already buffered: their replies then share one write.
-    const bool flush = !conn.input_pending();
+    const bool flush = !input_pending(conn);
     Result<void> sent;
     if (r) {
-        sent = conn.send(FrameKind::response, id, {}, r->payload, r->tensors, targets, flush);
+        sent = send_parts(conn, FrameKind::response, id, {}, r->payload, r->tensors, targets, flush);
     } else {
         Bytes e = encode_error(r.error());
         std::vector<Tensor> none;
-        sent = conn.send(FrameKind::error, id, {}, e, none, {}, flush);
+        sent = send_parts(conn, FrameKind::error, id, {}, e, none, {}, flush);
     }
     if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + conn.peer().name + "\": " + sent.error().to_string());
 }

@@ -385,11 +385,11 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stre
                                                              ConnectionLimits limits, HandshakeAuth auth) {
     const bool tcp = transport == "uv";
     detail::Stream stream{std::move(socket), std::move(transport), std::move(endpoint), tcp, nullptr};
-    return accept(std::move(stream), std::move(local), std::move(limits), std::move(auth));
+    return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
 }
 
-Task<Result<std::shared_ptr<Connection>>> Connection::accept(detail::Stream stream, HelloInfo local, ConnectionLimits limits,
-                                                             HandshakeAuth auth) {
+Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(Stream stream, HelloInfo local, ConnectionLimits limits,
+                                                                HandshakeAuth auth) {
     auto timeout = limits.handshake_timeout;
     if (auto r = co_await detail::finish_accepted(stream, timeout); !r)
         co_return fail(std::move(r).error().context("accepting " + stream.endpoint));
@@ -413,12 +413,12 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(detail::Stream stre
         // The client reconnects over the chosen transport; this stream carried the negotiation only.
         s->redirected = true;
         s->close(std::nullopt);
-        co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+        co_return ConnectionAccess::wrap(std::move(s));
     }
     s->allocator = detail::default_allocate;
     s->channels = detail::ChannelTable(s->negotiated, false, s->peer);
     detail::start_connection(s);
-    co_return std::shared_ptr<Connection>(new Connection(std::move(s)));
+    co_return ConnectionAccess::wrap(std::move(s));
 }
 
 Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
@@ -446,7 +446,7 @@ Executor Connection::get_executor() const { return state_->socket.get_executor()
 void Connection::set_allocator(TensorAllocator allocator) { state_->allocator = std::move(allocator); }
 
 Result<void> Connection::send(Frame frame, bool flush) {
-    return send(frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
+    return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
 }
 
 namespace {
@@ -508,9 +508,9 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
 }
 }  // namespace
 
-Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                              std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
-    auto& s = *state_;
+Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
+    auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
     if (!tensors.empty())
         if (auto c = basic_channel_carries(tensors); !c) return c;
@@ -544,9 +544,15 @@ Result<void> Connection::send(FrameKind kind, std::uint64_t id, std::string_view
 }
 
 // (A stream other than TCP always reads short: TCP_INQ is TCP's.)
-void Connection::set_short_reads(bool short_reads) { state_->edge.short_reads = short_reads || !state_->tcp; }
+void detail::set_short_reads(Connection& c, bool short_reads) {
+    auto& s = ConnectionAccess::state(c);
+    s.edge.short_reads = short_reads || !s.tcp;
+}
 
-bool Connection::input_pending() const noexcept { return state_->rend > state_->rbeg; }
+bool detail::input_pending(const Connection& c) noexcept {
+    const auto& s = ConnectionAccess::state(c);
+    return s.rend > s.rbeg;
+}
 
 Task<Result<Frame>> Connection::receive() {
     // (The state stays alive across the read even if this handle goes.)
@@ -554,10 +560,11 @@ Task<Result<Frame>> Connection::receive() {
     return state_->read_frame(state_);
 }
 
-void Connection::dispatch_to(std::shared_ptr<FrameSink> sink) {
-    auto* op = detail::recycled_new<detail::DispatchOp>(state_->socket, state_->edge, detail::DispatchReader{state_, std::move(sink)});
-    if (state_->shm) detail::dispatch_shm_frames(*op);
-    else detail::dispatch_frames(*op);
+void detail::dispatch_to(Connection& c, std::shared_ptr<FrameSink> sink) {
+    auto s = ConnectionAccess::shared_state(c);
+    auto* op = recycled_new<DispatchOp>(s->socket, s->edge, DispatchReader{s, std::move(sink)});
+    if (s->shm) dispatch_shm_frames(*op);
+    else dispatch_frames(*op);
 }
 
 void Connection::close(std::optional<Error> reason) { state_->close(std::move(reason)); }

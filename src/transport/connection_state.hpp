@@ -4,6 +4,8 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
+
 #include "core/task_group.hpp"
 #include "transport/channel.hpp"
 #include "transport/edge_read.hpp"

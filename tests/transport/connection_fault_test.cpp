@@ -1,6 +1,7 @@
 // Connection under attack and failure: garbage, huge lengths, half frames, bad handshakes, timeouts.
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
 #include "transport/transport_test_util.hpp"
 
 #include <tensorplay/core/wire.hpp>
@@ -75,7 +76,7 @@ TEST_CASE("garbage after a good frame: dispatch_to hands over the frame, then th
         test::SinkEvents events(co_await asio::this_coro::executor);
         auto sink = std::make_shared<Sink>();
         sink->events = &events;
-        conn->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*conn, sink);
         Frame f;
         f.id = 42;
         f.name = "ok";
@@ -198,7 +199,7 @@ namespace {
 Task<void> frame_then_end(bool reset, bool short_reads = false, bool reply = false) {
     auto rc = co_await raw_client();
     auto conn = co_await handshaken(*rc);
-    conn->set_short_reads(short_reads);
+    tensorplay::detail::set_short_reads(*conn, short_reads);
     co_await test::write_raw(rc->raw, small_frame(9));
     if (reset) rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
     rc->raw.close();
@@ -362,7 +363,7 @@ TEST_CASE("frames split across reads, and frames straddling the end of the read 
             using namespace tensorplay::detail::awaitable_ops;
             auto rc = co_await raw_client();
             auto conn = co_await handshaken(*rc);
-            conn->set_short_reads(mode == 1);
+            tensorplay::detail::set_short_reads(*conn, mode == 1);
 
             // Two frames, 7 bytes per read: headers, names and payloads all arrive in pieces.
             Bytes two = encoded(1, "first", payload_of(1));
@@ -428,7 +429,7 @@ TEST_CASE("join: a connection closed with its writer blocked on a peer that does
         auto rc = co_await raw_client();
         auto conn = co_await handshaken(*rc);
         auto sink = std::make_shared<CountingSink>();
-        conn->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*conn, sink);
         // Half a frame with a 1 MiB tensor: the dispatch's general reader waits for the rest.
         WireWriter meta;
         meta.str32("h").u32(1);
@@ -475,7 +476,7 @@ TEST_CASE("join waits while the connection is open and completes when the peer g
         auto rc = co_await raw_client();
         auto conn = co_await handshaken(*rc);
         auto sink = std::make_shared<CountingSink>();
-        conn->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*conn, sink);
         auto early = co_await with_timeout(joined(conn), 100ms);
         REQUIRE_FALSE(early);  // open: its writer and reader still run
         CHECK(early.error().code() == Errc::timeout);

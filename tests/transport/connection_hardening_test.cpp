@@ -2,6 +2,7 @@
 // per-socket memory, slow senders.
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
 #include "support/sanitizers.hpp"
 #include "transport/transport_test_util.hpp"
 
@@ -124,10 +125,10 @@ TEST_CASE("a frame cut off by a FIN or reset that comes with its last bytes clos
             const bool reset = round % 2 == 1;
             const bool short_reads = round % 4 >= 2;
             auto p = co_await handshaken(acc);
-            p.conn->set_short_reads(short_reads);
+            tensorplay::detail::set_short_reads(*p.conn, short_reads);
             auto sink = std::make_shared<CountingSink>();
             sink->events = &events;
-            p.conn->dispatch_to(sink);
+            tensorplay::detail::dispatch_to(*p.conn, sink);
             co_await sleep_for(0ms);  // (the reader is now waiting for the next edge)
             Bytes cut = request_head(1000);
             cut.resize(cut.size() + 300);  // 300 of the 1,000 payload bytes
@@ -152,11 +153,11 @@ TEST_CASE("a sink that awaits input sees a reset that came with a whole frame at
         test::SinkEvents events(ex);
         for (int round = 0; round < 50; ++round) {
             auto p = co_await handshaken(acc);
-            p.conn->set_short_reads(true);
+            tensorplay::detail::set_short_reads(*p.conn, true);
             auto sink = std::make_shared<CountingSink>();
             sink->events = &events;
             sink->awaits = true;
-            p.conn->dispatch_to(sink);
+            tensorplay::detail::dispatch_to(*p.conn, sink);
             co_await sleep_for(0ms);
             Bytes whole = request_head(4);
             whole.resize(whole.size() + 4);
@@ -178,7 +179,7 @@ TEST_CASE("a payload length claimed in a header costs memory only as its bytes a
         auto p = co_await handshaken(acc);
         auto sink = std::make_shared<CountingSink>();
         sink->events = &events;
-        p.conn->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*p.conn, sink);
         const std::size_t before = rss_bytes();
         Bytes head = request_head(std::uint64_t(1) << 31);  // exactly the limit
         head.resize(head.size() + 64 * 1024);
@@ -319,7 +320,7 @@ TEST_CASE("a slow-loris sender is closed after the frame timeout", "[transport][
         test::SinkEvents events(ex);
         auto sink = std::make_shared<CountingSink>();
         sink->events = &events;
-        p.conn->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*p.conn, sink);
         const auto t0 = Clock::now();
         Bytes frame = request_head(100);
         frame.resize(frame.size() + 100);

@@ -1,6 +1,7 @@
 // Connection: frames, tensors, out-of-order replies and gathered writes over loopback.
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
 #include "transport/transport_test_util.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -191,7 +192,7 @@ TEST_CASE("a flushed frame is written by send itself, and a partly written one i
             CHECK(h->id == id);
         }
         CHECK(p.client->stats().frames_sent == 5);
-        CHECK_FALSE(p.server->input_pending());
+        CHECK_FALSE(tensorplay::detail::input_pending(*p.server));
     });
 }
 
@@ -282,7 +283,7 @@ TEST_CASE("dispatch_to hands over small frames in place and the others whole, in
         auto p = co_await test::make_pair();
         test::SinkEvents events(co_await asio::this_coro::executor);
         auto sink = std::make_shared<RecordingSink>(events);
-        p.server->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*p.server, sink);
         Tensor t = iota_tensor(1 << 20, 5);
         std::vector<Tensor> ts;
         ts.push_back(t);
@@ -344,7 +345,7 @@ TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch w
         auto sink = std::make_shared<Closer>();
         sink->conn = p.server.get();
         sink->events = &events;
-        p.server->dispatch_to(sink);
+        tensorplay::detail::dispatch_to(*p.server, sink);
         for (int i = 0; i < 10; ++i) REQUIRE(p.client->send(request(i, "x", bytes("y"))));
         co_await events.until([&] { return sink->closed > 0; });
         CHECK(sink->frames == 1);  // the frames after the close are not delivered

@@ -3,6 +3,7 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
 #include "core/asio_compat.hpp"
 #include "support/deadline.hpp"
 #include "transport/frame.hpp"

@@ -159,34 +159,6 @@ struct Frame {
     std::optional<Error> alloc_error;
 };
 
-/// A frame without tensors as it lies in the connection's read buffer (FrameSink::on_small_frame):
-/// the views are valid only during that call.
-struct FrameView {
-    FrameKind kind = FrameKind::request;
-    std::uint64_t id = 0;
-    std::string_view name;
-    std::span<const std::uint8_t> payload;
-};
-
-/// Takes a connection's frames as they arrive (Connection::dispatch_to). Called on the
-/// connection's executor, from inside its reader: the calls must not block.
-class FrameSink {
-public:
-    virtual ~FrameSink() = default;
-    /// A whole frame without tensors that fitted the read buffer, parsed where it lies (no copy).
-    virtual void on_small_frame(const FrameView& frame) = 0;
-    /// Any other frame (tensors, a large payload): read by the general path, tensors in place.
-    virtual void on_frame(Frame&& frame) = 0;
-    /// The connection failed or was closed (`why`); nothing follows.
-    virtual void on_closed(const Error& why) = 0;
-    /// Asked before each read (on the connection's executor): true while something waits for the
-    /// peer to send (a reply). A read that drained the socket is then followed by one more unless
-    /// a frame was sent since, so that a FIN or reset that came with the last bytes is seen at
-    /// once (docs/protocol.md, "Receiving"). Default: false (each request gets a reply, whose send
-    /// finds such an end).
-    [[nodiscard]] virtual bool awaiting_input() const { return false; }
-};
-
 /// Allocates the destination of an incoming tensor (called on the connection's executor).
 using TensorAllocator = std::function<Result<Tensor>(const TensorDesc&)>;
 
@@ -203,7 +175,7 @@ struct ConnectionStats {
 
 namespace detail {
 struct ConnectionState;
-struct Stream;
+struct ConnectionAccess;
 }
 
 /// A framed connection. Strand-bound: every member must be called on the executor it was
@@ -247,11 +219,6 @@ public:
                                                                          std::string transport, std::string endpoint,
                                                                          HelloInfo local, ConnectionLimits limits,
                                                                          HandshakeAuth auth);
-    /// As accept(), on a stream a transport's Listener accepted (the library's agent; an shm
-    /// stream's ring setup runs first, within the handshake timeout).
-    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(detail::Stream stream, HelloInfo local,
-                                                                         ConnectionLimits limits, HandshakeAuth auth);
-
     /// The peer's handshake.
     [[nodiscard]] const HelloInfo& peer() const noexcept;
     /// The transport this connection runs on ("uv", "uds", "shm").
@@ -273,31 +240,14 @@ public:
     /// soon; without it, frames queued in the same turn of the event loop share one write.
     /// Errc::connection_lost (or the close reason) when the connection is closed.
     [[nodiscard]] Result<void> send(Frame frame, bool flush = false);
-    /// As send(Frame), without building a Frame: `payload` and `tensors` are moved from only when
-    /// the frame has to wait for the writer; `targets[i]` is where tensor i should land.
-    [[nodiscard]] Result<void> send(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                                    std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
-    /// Read hint (docs/protocol.md, "Receiving"): take a read that fills less than the buffer as
-    /// draining the socket (recv) instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us
-    /// a round trip dearer here). Either way a FIN or reset that arrives with the last bytes of an
-    /// unfinished frame, or while a receive() (or FrameSink::awaiting_input) waits with nothing
-    /// sent since, is seen at once. Default: false.
-    void set_short_reads(bool short_reads);
-    /// True when bytes of further frames are already buffered (receive() will not wait for them).
-    [[nodiscard]] bool input_pending() const noexcept;
     /// Reads the next frame. One reader at a time. Cancellation: terminal only, closes the
     /// connection (a frame may be half read).
     [[nodiscard]] Task<Result<Frame>> receive();
-    /// Hands every incoming frame to `sink` as it is read, until the connection closes (then
-    /// on_closed, and the sink is released). Instead of receive(), not beside it. A frame without
-    /// tensors is parsed in the read buffer and delivered from the read's completion: no coroutine
-    /// runs and nothing is allocated per frame.
-    void dispatch_to(std::shared_ptr<FrameSink> sink);
     /// Closes the socket; pending and later operations fail with `reason` (default connection_lost).
     /// Cancels the connection's background coroutines (writer, watchdog, dispatch reader).
     void close(std::optional<Error> reason = std::nullopt);
     /// Completes once every background coroutine of this connection has ended (after close(), or
-    /// the peer's): none of them runs afterwards, and a dispatch_to sink has had its on_closed.
+    /// the peer's): none of them runs afterwards (a frame sink has had its on_closed).
     /// Does not close. One joiner at a time; cancelling the join ends only the join. A frame
     /// reader that would start after the join began is refused (the connection closes).
     [[nodiscard]] Task<void> join();
@@ -305,6 +255,7 @@ public:
     [[nodiscard]] const ConnectionStats& stats() const noexcept;
 
 private:
+    friend struct detail::ConnectionAccess;  // the library's own extensions (its agent's dispatch, by-parts sends)
     explicit Connection(std::shared_ptr<detail::ConnectionState> state);
     std::shared_ptr<detail::ConnectionState> state_;
 };

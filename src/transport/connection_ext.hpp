@@ -1,0 +1,86 @@
+// Private: what the library itself uses of a Connection beyond its public API: frame sinks that
+// take frames as the reads complete (the agent's dispatch), sends by parts, the read hint, and
+// accepting a stream a transport's Listener produced.
+#pragma once
+
+#include <tensorplay/transport/connection.hpp>
+
+#include "transport/transport.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace tensorplay {
+
+/// A frame without tensors as it lies in the connection's read buffer (FrameSink::on_small_frame):
+/// the views are valid only during that call.
+struct FrameView {
+    FrameKind kind = FrameKind::request;
+    std::uint64_t id = 0;
+    std::string_view name;
+    std::span<const std::uint8_t> payload;
+};
+
+/// Takes a connection's frames as they arrive (detail::dispatch_to). Called on the
+/// connection's executor, from inside its reader: the calls must not block.
+class FrameSink {
+public:
+    virtual ~FrameSink() = default;
+    /// A whole frame without tensors that fitted the read buffer, parsed where it lies (no copy).
+    virtual void on_small_frame(const FrameView& frame) = 0;
+    /// Any other frame (tensors, a large payload): read by the general path, tensors in place.
+    virtual void on_frame(Frame&& frame) = 0;
+    /// The connection failed or was closed (`why`); nothing follows.
+    virtual void on_closed(const Error& why) = 0;
+    /// Asked before each read (on the connection's executor): true while something waits for the
+    /// peer to send (a reply). A read that drained the socket is then followed by one more unless
+    /// a frame was sent since, so that a FIN or reset that came with the last bytes is seen at
+    /// once (docs/protocol.md, "Receiving"). Default: false (each request gets a reply, whose send
+    /// finds such an end).
+    [[nodiscard]] virtual bool awaiting_input() const { return false; }
+};
+
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+/// Reaches a Connection's state (friend of Connection).
+struct ConnectionAccess {
+    static ConnectionState& state(Connection& c) noexcept { return *c.state_; }
+    static const ConnectionState& state(const Connection& c) noexcept { return *c.state_; }
+    static std::shared_ptr<ConnectionState> shared_state(Connection& c) noexcept { return c.state_; }
+    static std::shared_ptr<Connection> wrap(std::shared_ptr<ConnectionState> s) {
+        return std::shared_ptr<Connection>(new Connection(std::move(s)));
+    }
+};
+
+/// As Connection::accept(), on a stream a transport's Listener accepted (the library's agent; an
+/// shm stream's ring setup runs first, within the handshake timeout).
+[[nodiscard]] Task<Result<std::shared_ptr<Connection>>> accept_stream(Stream stream, HelloInfo local, ConnectionLimits limits,
+                                                                     HandshakeAuth auth);
+
+/// As Connection::send(Frame), without building a Frame: `payload` and `tensors` are moved from
+/// only when the frame has to wait for the writer; `targets[i]` is where tensor i should land.
+[[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                      std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
+
+/// Read hint (docs/protocol.md, "Receiving"): take a read that fills less than the buffer as
+/// draining the socket (recv) instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us
+/// a round trip dearer here). Either way a FIN or reset that arrives with the last bytes of an
+/// unfinished frame, or while a receive() (or FrameSink::awaiting_input) waits with nothing
+/// sent since, is seen at once. Default: false.
+void set_short_reads(Connection& c, bool short_reads);
+
+/// True when bytes of further frames are already buffered (receive() will not wait for them).
+[[nodiscard]] bool input_pending(const Connection& c) noexcept;
+
+/// Hands every incoming frame to `sink` as it is read, until the connection closes (then
+/// on_closed, and the sink is released). Instead of receive(), not beside it. A frame without
+/// tensors is parsed in the read buffer and delivered from the read's completion: no coroutine
+/// runs and nothing is allocated per frame.
+void dispatch_to(Connection& c, std::shared_ptr<FrameSink> sink);
+
+}  // namespace tensorplay::detail
