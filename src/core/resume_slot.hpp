@@ -156,6 +156,12 @@ public:
         if (auto w = take()) w->resume(ec);
     }
 
+    /// As complete(), always through the waiter's executor (posted): for a wake-up that should
+    /// run after the caller's turn of the event loop, not inside it. Does nothing when no one waits.
+    void complete_later(std::error_code ec = {}) {
+        if (auto w = take()) w->resume_later(ec);
+    }
+
     /// As complete(), but runs `before()` first, once the waiter is taken (so it cannot be
     /// cancelled any more): for handing it results. Returns false (and runs nothing) when no one
     /// waits. The taking is atomic: an untracked slot may be completed from another thread than

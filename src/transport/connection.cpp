@@ -145,7 +145,7 @@ void ConnectionState::flush_now() {
         return;
     }
     queue_written += n;
-    wake.cancel();
+    wake.complete_later();
 }
 
 /// Writes a frame (head in `scratch`) with one non-blocking sendmsg; queues what the socket
@@ -180,7 +180,7 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
     }
     queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(payload), std::move(tensors)});
     queue_written = written;
-    wake.cancel();
+    wake.complete_later();
     return ok();
 }
 
@@ -191,8 +191,7 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
     co_await asio::this_coro::throw_if_cancelled(false);
     while (s->open) {
         if (s->queue.empty()) {
-            auto [ec] = co_await s->wake.async_wait(use_nothrow);
-            (void)ec;  // cancel() is the wake-up signal
+            co_await s->wake.wait();  // a send, or close() (which also cancels the group)
             continue;
         }
         s->batch.swap(s->queue);
@@ -502,7 +501,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
         s.flush_now();
         if (!s.open) return fail(s.closed_error());
     } else if (was_empty) {
-        s.wake.cancel();
+        s.wake.complete_later();
     }
     return ok();
 }
@@ -538,7 +537,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
         s.flush_now();
         if (!s.open) return fail(s.closed_error());
     } else if (was_empty) {
-        s.wake.cancel();
+        s.wake.complete_later();
     }
     return ok();
 }

@@ -190,7 +190,7 @@ void ConnectionState::send_release(std::uint64_t hold) {
     const bool was_empty = queue.empty();
     queue.push_back(OutFrame{encode_release(hold), {}, {}});
     // The writer writes it after this turn, unless a frame flushed meanwhile (a reply) takes it along.
-    if (was_empty && !writing) wake.cancel();
+    if (was_empty && !writing) wake.complete_later();
 }
 
 /// parse_view, into a Frame.

@@ -6,6 +6,7 @@
 
 #include "transport/connection_ext.hpp"
 
+#include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "transport/channel.hpp"
 #include "transport/edge_read.hpp"
@@ -74,10 +75,8 @@ struct ConnectionState {
         : socket(std::move(s)),
           limits(std::move(l)),
           tcp(is_tcp),
-          wake(socket.get_executor()),
           watchdog(socket.get_executor()),
           tasks(socket.get_executor()) {
-        wake.expires_at(asio::steady_timer::time_point::max());
         rbuf.grow(kHandshakeBufferSize, rbeg, rend);
         edge.short_reads = !tcp;
     }
@@ -123,7 +122,9 @@ struct ConnectionState {
     bool writing = false;           ///< the writer is between taking a batch and finishing its write
     std::vector<asio::const_buffer> bufs;
     std::vector<iovec> iov;
-    asio::steady_timer wake;
+    /// The writer parks here while the queue is empty; a send wakes it with a posted completion,
+    /// so that the frames queued in the same turn of the event loop go out in one write.
+    ResumeSlot wake;
     asio::steady_timer watchdog;  ///< ticks of the frame and idle timeouts (watchdog_loop)
 
     bool open = true;
@@ -153,7 +154,7 @@ struct ConnectionState {
         socket.shutdown(asio::socket_base::shutdown_both, ec);
         socket.close(ec);
         if (shm) shm->close();
-        wake.cancel();
+        wake.complete_later();
         watchdog.cancel();
         tasks.cancel();
         holds.clear();  // (the peer can no longer read them: cma reads need the connection's hold)
