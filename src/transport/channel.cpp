@@ -12,7 +12,7 @@
 namespace tensorplay::detail {
 
 namespace {
-constexpr std::uint8_t kCmaParamsVersion = 1;
+constexpr std::uint8_t kCmaParamsVersion = 2;  // 2: the lease table's address
 constexpr std::size_t kMaxIdentityField = 128;
 
 const ChannelOffer* find_cma(const HelloInfo& info) {
@@ -33,6 +33,7 @@ std::string encode_cma_params(const CmaParams& p) {
     w.u32(id.uid).u32(id.euid).u32(id.gid).u32(id.egid).i32(id.pid).i32(id.ptrace_scope);
     w.u8(id.dumpable ? 1 : 0).u8(id.cap_sys_ptrace ? 1 : 0).u8(id.readers_allowed ? 1 : 0);
     w.i32(p.probe.pid).u64(p.probe.address).raw(p.probe.expected);
+    w.u64(p.lease_table);
     const Bytes b = std::move(w).take();
     return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
@@ -64,10 +65,12 @@ Result<CmaParams> decode_cma_params(std::string_view bytes) {
     p.probe.address = r.u64();
     auto e = r.raw(p.probe.expected.size(), "probe bytes");
     if (!r.failed()) std::memcpy(p.probe.expected.data(), e.data(), e.size());
+    p.lease_table = r.u64();
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding cma parameters"));
     if (id.pid <= 0 || p.probe.pid != id.pid)
         return fail(Errc::protocol_error, "cma parameters name pid " + std::to_string(id.pid) + " and probe pid " +
                                               std::to_string(p.probe.pid));
+    if (p.lease_table == 0) return fail(Errc::protocol_error, "cma parameters name no lease table");
     return p;
 }
 
@@ -87,7 +90,7 @@ void prepare_channel_offers(HelloInfo& info) {
             it = info.channels.erase(it);
             continue;
         }
-        CmaParams p{**id, cma::local_probe_target()};
+        CmaParams p{**id, cma::local_probe_target(), cma::lease_table_address()};
         if (const char* bad = std::getenv("TP_CMA_TEST_BAD_PROBE"); bad && std::strcmp(bad, "1") == 0)
             p.probe.expected[0] ^= 0xff;
         it->domain = cma_domain(p.identity);
@@ -154,6 +157,7 @@ ChannelTable::ChannelTable(const Negotiated& n, bool client, const HelloInfo& pe
     auto p = theirs ? decode_cma_params(theirs->params) : Result<CmaParams>(fail(Errc::protocol_error, "no cma offer"));
     if (p) {
         peer_pid_ = p->identity.pid;
+        peer_lease_table_ = p->lease_table;
         return;
     }
     // (The handshake checked both offers before choosing cma: not reached.)

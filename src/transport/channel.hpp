@@ -9,6 +9,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/cma.hpp"
+#include "transport/cma_lease.hpp"
 
 #include <array>
 #include <optional>
@@ -24,10 +25,12 @@ enum class ChannelKind : std::uint8_t { basic = 0, cma = 1 };
 /// what cma's syscall, the release frame and the hold cost; below it inline is cheaper.
 inline constexpr std::size_t kCmaMinBytes = 64 * 1024;
 
-/// What a side's cma offer carries (ChannelOffer::params): who it is and a buffer to probe.
+/// What a side's cma offer carries (ChannelOffer::params): who it is, a buffer to probe, and
+/// where its lease table lies (cma_lease.hpp: a reader checks there that what it read was held).
 struct CmaParams {
     cma::Identity identity;
     cma::ProbeTarget probe;
+    std::uint64_t lease_table = 0;
 };
 
 [[nodiscard]] std::string encode_cma_params(const CmaParams& p);
@@ -75,11 +78,14 @@ public:
     }
     /// The peer's pid for cma reads (-1: no cma).
     [[nodiscard]] int peer_pid() const noexcept { return peer_pid_; }
+    /// The address of the peer's lease table (with cma).
+    [[nodiscard]] std::uint64_t peer_lease_table() const noexcept { return peer_lease_table_; }
 
 private:
     static std::size_t idx(Device d) noexcept { return d.type == DeviceType::cpu ? 0 : 1; }
     std::array<std::array<ChannelKind, 2>, 2> send_{}, recv_{};
     int peer_pid_ = -1;
+    std::uint64_t peer_lease_table_ = 0;
 };
 
 }  // namespace tensorplay::detail

@@ -482,7 +482,9 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
         any = any || by_ref[i];
     }
     if (!any) return std::nullopt;
-    const std::uint64_t hold = s.next_hold++;
+    auto lease = detail::cma::Lease::acquire();
+    if (!lease) return std::nullopt;  // every lease of this process is taken: inline
+    const std::uint64_t hold = lease->id();
     detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}};
     parts.hold = hold;
     parts.by_ref = by_ref;
@@ -493,7 +495,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     std::vector<Tensor> held, written;
     for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
     s.stats.cma_sent += held.size();
-    s.holds.emplace(hold, std::move(held));
+    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), std::move(*lease)});
     s.stats.cma_held = s.holds.size();
     const bool was_empty = s.queue.empty();
     s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});

@@ -427,7 +427,18 @@ Task<Result<Frame>> ConnectionState::read_general() {
         }
         f.tensors.push_back(std::move(*t));
     }
-    if (meta->hold != 0) send_release(meta->hold);
+    if (meta->hold != 0) {
+        if (!f.alloc_error && !cma::lease_held(channels.peer_pid(), channels.peer_lease_table(), meta->hold)) {
+            // The sender let go of the tensors while we read them (it closed the connection): what
+            // we read may be memory it freed or reused. The frame fails; there is nothing to release.
+            f.tensors.clear();
+            f.alloc_error = Error(Errc::connection_lost,
+                                  "frame from " + who() + ": the sender let go of its tensors while we read them by cma (its connection closed)",
+                                  peer.name);
+        } else {
+            send_release(meta->hold);
+        }
+    }
     ++stats.frames_received;
     co_return f;
 }

@@ -103,9 +103,13 @@ struct ConnectionState {
     TensorAllocator allocator;
     /// Which channel carries each tensor's bytes (set when the handshake is done).
     ChannelTable channels;
-    /// Tensors the peer reads from our memory (cma), per hold, until its release frame or the close.
-    std::unordered_map<std::uint64_t, std::vector<Tensor>> holds;
-    std::uint64_t next_hold = 1;
+    /// Tensors the peer reads from our memory (cma), under a lease whose id is the frame's hold.
+    struct Hold {
+        std::vector<Tensor> tensors;
+        cma::Lease lease;  ///< declared last: let go (its word cleared) before the tensors go
+    };
+    /// Our holds by id, until the peer's release frame or the close.
+    std::unordered_map<std::uint64_t, Hold> holds;
 
     ReadBuffer rbuf;
     std::size_t rbeg = 0, rend = 0;
@@ -157,7 +161,9 @@ struct ConnectionState {
         wake.complete_later();
         watchdog.cancel();
         tasks.cancel();
-        holds.clear();  // (the peer can no longer read them: cma reads need the connection's hold)
+        // Each lease is let go before its tensors: a peer still reading them sees that (cma_lease.hpp)
+        // and fails that frame instead of handing over memory we may reuse.
+        holds.clear();
         stats.cma_held = 0;
     }
 

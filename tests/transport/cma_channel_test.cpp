@@ -38,7 +38,7 @@ HelloInfo cma_hello(std::string name, int rank, std::string params = {}, std::st
 HelloInfo cma_hello_as(std::string name, int rank, int pid, bool bad_probe) {
     auto id = td::cma::local_identity();
     REQUIRE(id);
-    td::CmaParams p{*id, td::cma::local_probe_target()};
+    td::CmaParams p{*id, td::cma::local_probe_target(), td::cma::lease_table_address()};
     p.identity.pid = pid;
     p.probe.pid = pid;
     if (bad_probe) p.probe.expected[0] ^= 0xff;
@@ -363,6 +363,59 @@ TEST_CASE("cma holds are dropped when the connection closes", "[transport][cma]"
         CHECK(p.client->stats().cma_held == 0);
         CHECK(t.storage().use_count() == 1);
     });
+}
+
+TEST_CASE("a frame whose sender let go of its tensors before they were read fails; nothing of it is delivered", "[transport][cma]") {
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        REQUIRE(channel_of(*p.client) == "cma");
+        Tensor t = pattern_tensor(1u << 20, 5);
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 1, {t}), true));
+        CHECK(p.client->stats().cma_held == 1);
+        // The sender closes with the frame on the wire, unread, and reuses the memory (the test
+        // keeps it mapped, so the read itself succeeds: only the lease tells).
+        p.client->close();
+        std::memset(t.data(), 0xee, t.nbytes());
+        auto got = co_await p.server->receive();
+        REQUIRE(got);
+        REQUIRE(got->alloc_error);
+        INFO(got->alloc_error->to_string());
+        CHECK(got->alloc_error->code() == Errc::connection_lost);
+        CHECK(got->alloc_error->message().find("let go of its tensors") != std::string::npos);
+        CHECK(got->tensors.empty());
+    });
+}
+
+TEST_CASE("cma leases: unique ids, read back by a peer, let go on release, and a bounded table", "[transport][cma]") {
+    namespace cma = td::cma;
+    const int self = ::getpid();
+    const auto table = cma::lease_table_address();
+    auto a = cma::Lease::acquire(), b = cma::Lease::acquire();
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->id() != b->id());
+    CHECK(cma::lease_held(self, table, a->id()));
+    const auto old = a->id();
+    a->release();
+    CHECK_FALSE(cma::lease_held(self, table, old));
+    CHECK(cma::lease_held(self, table, b->id()));
+    // A new lease may take the same slot; the old id never reads as held again.
+    auto c = cma::Lease::acquire();
+    REQUIRE(c);
+    CHECK(c->id() != old);
+    CHECK_FALSE(cma::lease_held(self, table, old));
+    CHECK_FALSE(cma::lease_held(self, 0, c->id()));
+    // Every slot taken: acquire says so (the sender then goes inline); one freed, one more.
+    std::vector<cma::Lease> all;
+    while (auto l = cma::Lease::acquire()) all.push_back(std::move(*l));
+    CHECK(all.size() + 2 == cma::kLeaseSlots);  // b and c hold the other two
+    const auto moved = all.back().id();
+    cma::Lease m = std::move(all.back());
+    all.pop_back();
+    CHECK(cma::lease_held(self, table, moved));  // a move keeps it held
+    m.release();
+    CHECK(cma::Lease::acquire());
 }
 
 namespace {
