@@ -2,6 +2,7 @@
 // reads tensor bytes straight into their storage (receive; the dispatch to a sink is in
 // connection_dispatch.cpp).
 #include "transport/connection_state.hpp"
+#include "transport/cma_offload.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
@@ -416,7 +417,10 @@ Task<Result<Frame>> ConnectionState::read_general() {
             // cma: straight from the sender's memory into the destination (a CPU tensor: the pair
             // is cpu -> cpu). A failure (the peer's memory or process went away) fails this frame
             // only: the stream is intact, and the release below tells the sender to drop it.
-            if (auto r = cma::read(channels.peer_pid(), remote, desc.nbytes, t->data()); !r) {
+            Result<void> r;
+            if (desc.nbytes >= cma::kCmaOffloadBytes) r = co_await cma::read_off_loop(channels.peer_pid(), remote, *t);
+            else r = cma::read(channels.peer_pid(), remote, desc.nbytes, t->data());
+            if (!r) {
                 f.alloc_error = std::move(r).error().context("reading tensor " + std::to_string(i) + " from " + who() + " by cma")
                                     .on_worker(peer.name);
                 continue;

@@ -7,6 +7,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/channel.hpp"
+#include "transport/cma_offload.hpp"
 #include "transport/transport_test_util.hpp"
 
 #include <tensorplay/core/wire.hpp>
@@ -384,6 +385,42 @@ TEST_CASE("a frame whose sender let go of its tensors before they were read fail
         CHECK(got->alloc_error->code() == Errc::connection_lost);
         CHECK(got->alloc_error->message().find("let go of its tensors") != std::string::npos);
         CHECK(got->tensors.empty());
+    });
+}
+
+TEST_CASE("a large cma read leaves the event loop serving its other work", "[transport][cma]") {
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        using namespace td::awaitable_ops;
+        auto p = co_await pair_of(client, server, "");
+        REQUIRE(channel_of(*p.client) == "cma");
+        const Tensor big = pattern_tensor(64u << 20, 6);
+        const auto before = td::cma::reads_off_loop();
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 1, {big}), true));
+        // Turns of the event loop while the server reads the frame: a read on the loop itself
+        // (some 20 ms for 64 MiB here) would leave next to none.
+        bool received = false;
+        std::size_t turns = 0;
+        auto count_turns = [&]() -> Task<void> {
+            auto ex = co_await asio::this_coro::executor;
+            while (!received) {
+                co_await asio::post(ex, td::use_nothrow);
+                ++turns;
+            }
+        };
+        auto receive = [&]() -> Task<Result<Frame>> {
+            auto f = co_await p.server->receive();
+            received = true;
+            co_return f;
+        };
+        auto got = co_await (receive() && count_turns());
+        REQUIRE(got);
+        REQUIRE_FALSE(got->alloc_error);
+        REQUIRE(got->tensors.size() == 1);
+        CHECK(same_bytes(got->tensors[0], big));
+        CHECK(td::cma::reads_off_loop() == before + 1);
+        INFO("event loop turns during the read: " << turns);
+        CHECK(turns >= 100);
     });
 }
 
