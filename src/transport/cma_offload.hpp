@@ -18,7 +18,8 @@ inline constexpr std::size_t kCmaOffloadBytes = std::size_t(4) << 20;
 /// As cma::read of `dst.nbytes()` bytes at `remote` in process `pid` into `dst`, on the offload
 /// pool; the caller's coroutine resumes on its executor when the read is done. The pool's task
 /// holds `dst` until the copy ends, even when the wait is cancelled (operation_aborted, as
-/// Errc::shutdown naming the read) and the caller has gone.
+/// Errc::shutdown naming the read) and the caller has gone. In a forked child of a process that
+/// ran such reads, it reads in place (see cma_offload.cpp).
 [[nodiscard]] Task<Result<void>> read_off_loop(int pid, std::uint64_t remote, Tensor dst);
 
 /// Reads run by read_off_loop so far in this process (tests).
