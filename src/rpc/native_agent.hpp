@@ -15,6 +15,7 @@
 #include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
 #include "rpc/handler_registry.hpp"
+#include "rpc/membership.hpp"
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
@@ -109,8 +110,14 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     const TensorPipeRpcBackendOptions* tp_options = nullptr;
     NativeAgentTuning tuning;
     WorkerInfo self;
-    int world_size = 0;
+    int world_size = 0;  ///< <= 0: a dynamic group's member (DYNAMIC_WORLD_SIZE)
     State state = State::starting;
+    /// A dynamic member's view of the group, this worker included, by rank: what every member
+    /// recomputes its maps from (native_agent_membership.cpp).
+    std::vector<GroupMember> members;
+    /// This worker's devices: as the device-map exchange (static) or the last membership update
+    /// (dynamic) computed them.
+    std::vector<Device> devices;
     /// Set (once) by close_local: lets ~NativeAgent, on any thread, skip posting to an event loop
     /// that may be gone when the agent was already closed.
     std::atomic<bool> closed{false};
@@ -173,6 +180,26 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// another worker's of the group. The error says why not (it is sent to the peer).
     [[nodiscard]] Result<void> admit(const HelloInfo& peer) const;
     [[nodiscard]] Result<void> listen();
+    /// Handlers, key, listeners and accept loops: what start() opens before it meets the group.
+    [[nodiscard]] Result<void> open_endpoint();
+    [[nodiscard]] bool dynamic() const noexcept { return world_size <= 0; }
+
+    // ---- native_agent_membership.cpp (dynamic groups) ----
+    /// Adds the built-in membership handlers (a static member's answer that it refuses them).
+    [[nodiscard]] Result<void> add_membership_handlers();
+    /// A dynamic member's start: claims its rank, takes the group token, learns the members,
+    /// gathers their device infos, checks them with the seed's dynamic rules, updates everyone
+    /// (itself included) and gives the token back.
+    [[nodiscard]] Task<Result<void>> start_dynamic();
+    /// A dynamic member's graceful leave: takes the token, finishes its calls, tells everyone,
+    /// gives the token back. Before close_local.
+    [[nodiscard]] Task<Result<void>> leave_dynamic(Clock::time_point deadline);
+    /// Makes the peer table, maps and device list those of `update`'s members (seed rules).
+    [[nodiscard]] Result<void> apply_membership(const MembershipUpdate& update);
+    /// Adds a member to the peer table (and its counters), listening at `addresses`.
+    [[nodiscard]] Result<void> add_member(const WorkerInfo& info, std::vector<TransportOffer> addresses);
+    /// This worker's entry in a membership update.
+    [[nodiscard]] GroupMember self_member() const;
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 
@@ -210,6 +237,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] bool park(ServeWorker& w);
     [[nodiscard]] asio::thread_pool& worker_pool();
 };
+
+/// CUDA devices this process's device backend has (0 without one).
+[[nodiscard]] int local_cuda_device_count();
 
 /// The native agent: a thin RpcAgent facade over an AgentCore. Thread-safe: members hop to the
 /// core's executor when called from elsewhere.

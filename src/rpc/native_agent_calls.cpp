@@ -103,7 +103,8 @@ public:
             core.calls.fail(peer.pending, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
         }
-        if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost)
+        // (shutdown: closed on purpose, e.g. the peer left a dynamic group)
+        if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)
             log(LogLevel::warn, "rpc", "closing the connection with " + conn_->describe() + ": " + why.to_string());
         conn_->close();
     }

@@ -11,6 +11,7 @@
 #include "core/asio_compat.hpp"
 #include "core/asio_compat_internals.hpp"
 #include "rpc/native_agent_factory.hpp"
+#include "rpc/peer_record.hpp"
 #include "transport/auth.hpp"
 
 #include <tensorplay/rpc/device_map_exchange.hpp>
@@ -37,56 +38,6 @@ constexpr std::string_view kKeyPrefix = "native_agent/";
 
 Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
 
-/// A worker's entry in the store: who it is and where it listens, one address per transport.
-struct PeerRecord {
-    std::string name;
-    int rank = -1;
-    std::vector<TransportOffer> addresses;
-};
-
-constexpr std::uint32_t kMaxRecordAddresses = 16;
-
-Bytes encode_record(const PeerRecord& p) {
-    WireWriter w;
-    w.u16(kProtocolVersion).str32(p.name).i32(p.rank).u32(static_cast<std::uint32_t>(p.addresses.size()));
-    for (const auto& a : p.addresses) w.str32(a.name).str32(a.domain).str32(a.address);
-    return std::move(w).take();
-}
-
-Result<PeerRecord> decode_record(const Bytes& b) {
-    WireReader r(b);
-    PeerRecord p;
-    auto version = r.u16();
-    // (Another version's layout is unknown past the version: refuse it by number first.)
-    if (!r.failed() && version != kProtocolVersion)
-        return fail(Errc::protocol_error, "a worker runs agent protocol version " + std::to_string(version) +
-                                              ", this worker runs version " + std::to_string(kProtocolVersion) +
-                                              " (run the same tensorplay-rpc release on every worker)");
-    p.name = std::string(r.str32(1024, "worker name"));
-    p.rank = r.i32();
-    const auto n = r.u32();
-    if (!r.failed() && (n == 0 || n > kMaxRecordAddresses))
-        return fail(Errc::protocol_error, "the store's record of worker \"" + p.name + "\" lists " + std::to_string(n) +
-                                              " addresses (1 to " + std::to_string(kMaxRecordAddresses) + ")");
-    for (std::uint32_t i = 0; i < n && !r.failed(); ++i) {
-        TransportOffer a;
-        a.name = std::string(r.str32(256, "transport name"));
-        a.domain = std::string(r.str32(256, "transport domain"));
-        a.address = std::string(r.str32(256, "transport address"));
-        p.addresses.push_back(std::move(a));
-    }
-    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a worker address from the store"));
-    for (const auto& a : p.addresses)
-        if (auto parsed = Address::parse(a.address); !parsed || parsed->transport() != a.name)
-            return fail(Errc::protocol_error, "the store's record of worker \"" + p.name + "\" gives transport \"" + a.name +
-                                                  "\" the address \"" + a.address + "\"");
-    return p;
-}
-
-int local_cuda_device_count() {
-    auto b = backend_for(Device::cuda(0));
-    return b ? (*b)->device_count() : 0;
-}
 
 Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream) {
     HandshakeAuth auth;
@@ -150,6 +101,11 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
 
 }  // namespace
 
+int local_cuda_device_count() {
+    auto b = backend_for(Device::cuda(0));
+    return b ? (*b)->device_count() : 0;
+}
+
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
       store(std::move(args.store)),
@@ -192,6 +148,9 @@ Result<void> AgentCore::admit(const HelloInfo& peer) const {
     // it is proven. The message goes to the peer and to this worker's log.)
     if (!roster_read) return fail(Errc::unauthorized, "the group's roster is not known yet");
     const PeerLink* link = peers.at(peer.rank);
+    // A dynamic group admits a joiner under a free rank and name: it becomes a member with the
+    // membership update it sends (with a key, it has proven that it holds the group's).
+    if (!link && dynamic() && peer.rank >= 0 && peer.rank != self.id && peers.rank_of(peer.name) < 0) return ok();
     if (!link)
         return fail(Errc::unauthorized, "rank " + std::to_string(peer.rank) + " is not in the group of " +
                                             std::to_string(peers.size()) + " workers (claimed by \"" + peer.name + "\")");
@@ -310,18 +269,14 @@ Task<Result<void>> AgentCore::barrier(std::string name, Duration timeout, bool w
     }
 }
 
-Task<Result<void>> AgentCore::start() {
-    auto keep = shared_from_this();
-    if (world_size <= 0) co_return fail(Errc::not_supported, "the native agent needs a fixed world size (dynamic groups are not supported yet)");
-    if (self.id < 0 || self.id >= world_size)
-        co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
-    if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
+Result<void> AgentCore::open_endpoint() {
     // Startup handlers go in before anyone can reach this worker.
     for (auto& h : startup_handlers())
-        if (auto r = handlers.add(h.name, std::move(h.coro), std::move(h.blocking)); !r) co_return r;
-    if (auto k = group_auth_key(tp_options); !k) co_return fail(k.error());
+        if (auto r = handlers.add(h.name, std::move(h.coro), std::move(h.blocking)); !r) return r;
+    if (auto r = add_membership_handlers(); !r) return r;
+    if (auto k = group_auth_key(tp_options); !k) return fail(k.error());
     else auth_key = std::move(*k);
-    if (auto l = listen(); !l) co_return l;
+    if (auto l = listen(); !l) return l;
     std::string where;
     for (const auto& o : transport_offers) where += (where.empty() ? "" : ", ") + o.address;
     if (auth_key.empty() && !host.empty()) {
@@ -333,8 +288,20 @@ Task<Result<void>> AgentCore::start() {
                                            "secret on every worker");
     }
     for (auto& l : listeners) tasks.spawn(accept_loop(shared_from_this(), l.get()), "an accept loop");
-    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + " of " +
-                                   std::to_string(world_size) + ") listening on " + where);
+    const std::string of = dynamic() ? std::string(" of a dynamic group") : " of " + std::to_string(world_size);
+    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + of + ") listening on " + where);
+    return ok();
+}
+
+Task<Result<void>> AgentCore::start() {
+    auto keep = shared_from_this();
+    if (!store) co_return fail(Errc::invalid_argument, "the native agent needs a store");
+    if (dynamic() && self.id < 0)
+        co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + ": a dynamic group's member still needs a rank >= 0");
+    if (!dynamic() && (self.id < 0 || self.id >= world_size))
+        co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " is outside [0, " + std::to_string(world_size) + ")");
+    if (auto r = open_endpoint(); !r) co_return r;
+    if (dynamic()) co_return co_await start_dynamic();
 
     const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
     PeerRecord mine{self.name, self.id, transport_offers};
@@ -355,15 +322,12 @@ Task<Result<void>> AgentCore::start() {
         if (!rec) co_return fail(rec.error());
         records.push_back(std::move(*rec));
     }
-    metrics.peers.resize(static_cast<std::size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
         auto& rec = records[r];
         if (rec.rank != r)
             co_return fail(Errc::protocol_error, "the store's record for rank " + std::to_string(r) + " names rank " +
                                                      std::to_string(rec.rank));
-        auto link = peers.add(WorkerInfo{rec.name, r});
-        if (!link) co_return fail(link.error());
-        (*link)->addresses = std::move(rec.addresses);
+        if (auto a = add_member(WorkerInfo{rec.name, r}, std::move(rec.addresses)); !a) co_return a;
     }
     roster_read = true;
     roster_known.set();
@@ -376,6 +340,7 @@ Task<Result<void>> AgentCore::start() {
     auto exchanged = co_await exchange_and_check_all_device_maps(*store, self.name, self.id, world_size,
                                                                  local_cuda_device_count(), my_maps, std::move(my_devices));
     if (!exchanged) co_return fail(exchanged.error());
+    devices = exchanged->devices;
     log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": device maps of every worker checked");
     peers.for_each([&](PeerLink& p) {
         if (auto it = my_maps.find(p.info.name); it != my_maps.end()) p.map = it->second;
@@ -404,7 +369,10 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
     const auto shutdown_deadline = timeout_sec > 0
                                        ? Clock::now() + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_sec))
                                        : Clock::time_point::max();
-    if (graceful && state == State::running) {
+    if (graceful && state == State::running && dynamic()) {
+        // A dynamic member leaves under the group token; the others go on.
+        result = co_await leave_dynamic(shutdown_deadline);
+    } else if (graceful && state == State::running) {
         state = State::draining;
         const auto deadline = shutdown_deadline;
         {

@@ -17,6 +17,9 @@ inline constexpr int DEFAULT_NUM_WORKER_THREADS = 16;
 inline constexpr double DEFAULT_SHUTDOWN_TIMEOUT = 60.0;
 /// Timeout of the group's collectives during init (2^31-1 ms, about 24.8 days).
 inline constexpr std::chrono::milliseconds DEFAULT_PROCESS_GROUP_TIMEOUT{2147483647};
+/// The world size of a dynamic group's member (init_rpc / init_backend): no fixed number of
+/// workers; members join and leave while the group runs. The rank is still given and unique.
+inline constexpr int DYNAMIC_WORLD_SIZE = -1;
 /// "Use the agent's default timeout" sentinel for rpc_async and friends.
 inline constexpr double UNSET_RPC_TIMEOUT = -1.0;
 

@@ -1,0 +1,52 @@
+// Private: what the members of a dynamic group tell each other (issue 19): the built-in handlers'
+// names and the membership update, which lists every member after a join or a leave with its
+// store record and its device info, so that each member recomputes its reverse maps and device
+// list from the whole group (the seed's rules), as the static exchange would.
+#pragma once
+
+#include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/rpc/device_map_exchange.hpp>
+
+#include "rpc/peer_record.hpp"
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// Answers with this worker's encode_worker_device_info (the seed's _get_device_infos).
+inline constexpr const char* kDeviceInfosHandler = "_tp_get_device_infos";
+/// Takes a MembershipUpdate (the seed's _update_group_membership, with the whole group).
+inline constexpr const char* kMembershipHandler = "_tp_update_group_membership";
+
+/// Members one update may list.
+inline constexpr std::size_t kMaxGroupMembers = 65536;
+
+struct GroupMember {
+    PeerRecord record;
+    WorkerDeviceInfo devices;
+    friend bool operator==(const GroupMember&, const GroupMember&) = default;
+};
+
+/// After `subject` joined (`join`) or left: every member of the group now, by rank.
+struct MembershipUpdate {
+    bool join = true;
+    std::string subject;
+    std::vector<GroupMember> members;
+    friend bool operator==(const MembershipUpdate&, const MembershipUpdate&) = default;
+};
+
+/// u32 magic "TPMU", u8 kind (1 join, 2 leave), str32 subject, u32 count { bytes32 record, bytes32 device info }.
+[[nodiscard]] Bytes encode_membership_update(const MembershipUpdate& u);
+/// Errc::protocol_error for anything malformed: bad magic or kind, a count over kMaxGroupMembers
+/// or the data, a record or device info that does not decode, two members of one rank or name,
+/// a member whose record and device info name different workers.
+[[nodiscard]] Result<MembershipUpdate> decode_membership_update(std::span<const std::uint8_t> b);
+
+/// The member list as the store keeps it (native_agent/members): u32 count { i32 rank }.
+[[nodiscard]] Bytes encode_member_ranks(const std::vector<int>& ranks);
+[[nodiscard]] Result<std::vector<int>> decode_member_ranks(std::span<const std::uint8_t> b);
+
+}  // namespace tensorplay::detail
