@@ -90,13 +90,13 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
         records.push_back(std::move(*rec));
     }
     // Known to ourselves first, so that we may call them (and they, once updated, us).
-    MembershipUpdate known{true, me, {}};
-    for (auto& rec : records) known.members.push_back(GroupMember{rec, WorkerDeviceInfo{rec.name, 0, {}, {}}});
-    known.members.push_back(mine);
-    for (const auto& m : known.members) {
-        if (core->peers.at(m.record.rank)) continue;
-        if (auto a = core->add_member(WorkerInfo{m.record.name, m.record.rank}, m.record.addresses); !a) co_return a;
-    }
+    auto add = [&core](const PeerRecord& rec) -> Result<void> {
+        if (core->peers.at(rec.rank)) return ok();
+        return core->add_member(WorkerInfo{rec.name, rec.rank}, rec.addresses);
+    };
+    for (const auto& rec : records)
+        if (auto a = add(rec); !a) co_return a;
+    if (auto a = add(mine.record); !a) co_return a;
     core->roster_read = true;
     core->roster_known.set();
     core->state = AgentCore::State::running;
