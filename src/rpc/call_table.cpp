@@ -24,13 +24,14 @@ void CallTable::fail(PendingCalls& pending, const Connection* conn, const Error&
         if (PendingCall* pc = take(pending, id)) pc->finish(tensorplay::fail(reason));
 }
 
-Task<bool> CallTable::drained(Clock::time_point deadline) {
+template <class Done>
+Task<bool> CallTable::wait_until(Done done, Clock::time_point deadline) {
     auto waiting = [](Event& e) -> Task<Result<void>> {
         auto ec = co_await e.wait();
         if (ec) co_return tensorplay::fail(from_error_code(ec, "waiting for calls"));
         co_return ok();
     };
-    while (outstanding_ > 0 && !closed_) {
+    while (!done() && !closed_) {
         Duration left = Duration::zero();  // (with_timeout: none)
         if (deadline != Clock::time_point::max()) {
             left = deadline - Clock::now();
@@ -40,7 +41,20 @@ Task<bool> CallTable::drained(Clock::time_point deadline) {
         auto wait = with_timeout(waiting(idle_), left);
         if (auto r = co_await std::move(wait); !r) break;  // the deadline passed, or we were cancelled
     }
-    co_return outstanding_ == 0;
+    co_return done();
+}
+
+Task<bool> CallTable::drained(Clock::time_point deadline) {
+    return wait_until([this] { return outstanding_ == 0; }, deadline);
+}
+
+Task<bool> CallTable::drained(const PendingCalls& pending, Clock::time_point deadline) {
+    ++watching_;
+    struct Unwatch {
+        std::size_t& n;
+        ~Unwatch() { --n; }
+    } unwatch{watching_};
+    co_return co_await wait_until([&pending] { return pending.empty(); }, deadline);
 }
 
 void CallTable::close() {

@@ -91,7 +91,8 @@ public:
     /// Ends the count of a call (added with add or add_local). When nothing is outstanding any
     /// more, a drained() waiter resumes in place, inside this call: call it last.
     void finished() noexcept {
-        if (--outstanding_ == 0 && idle_.waiters() != 0) idle_.set();
+        if (--outstanding_ == 0 || watching_ != 0)
+            if (idle_.waiters() != 0) idle_.set();
     }
     /// Finishes every call of `pending` sent on `conn` (null: every one) with `reason`.
     void fail(PendingCalls& pending, const Connection* conn, const Error& reason);
@@ -99,12 +100,20 @@ public:
     /// Completes once nothing is outstanding (true), or at `deadline` (false), or when the table
     /// closes (true when nothing is outstanding then).
     [[nodiscard]] Task<bool> drained(Clock::time_point deadline);
+    /// Completes once `pending` (one peer's calls) is empty and its calls have ended (true), or
+    /// at `deadline` (false), or when the table closes. `pending` must outlive the wait.
+    [[nodiscard]] Task<bool> drained(const PendingCalls& pending, Clock::time_point deadline);
     /// Stops the deadlines (no more timeouts: the owner fails every call itself) and ends drained().
     void close();
 
 private:
     std::uint64_t next_id_ = 1;
+    /// Waits until done() holds (woken by every call's end while watching_ > 0, else by the last).
+    template <class Done>
+    Task<bool> wait_until(Done done, Clock::time_point deadline);
+
     std::size_t outstanding_ = 0;
+    std::size_t watching_ = 0;  // drained(pending) waits parked: every call's end wakes them
     DeadlineKeeper deadlines_;
     Event idle_;  // set when outstanding_ reaches zero with drained() waiting
     bool closed_ = false;

@@ -40,7 +40,23 @@ std::string nonce() {
 
 Bytes done_value() { return bytes("Done"); }
 
-std::string join_kind(bool join) { return join ? "join" : "leave"; }
+std::string purpose_name(TokenPurpose p) {
+    switch (p) {
+    case TokenPurpose::join: return "join";
+    case TokenPurpose::leave: return "leave";
+    case TokenPurpose::removal: return "removal";
+    }
+    return "?";
+}
+
+std::string purpose_what(TokenPurpose p, const std::string& name) {
+    switch (p) {
+    case TokenPurpose::join: return "joining as worker \"" + name + "\"";
+    case TokenPurpose::leave: return "leaving as worker \"" + name + "\"";
+    case TokenPurpose::removal: return "a removal by worker \"" + name + "\"";
+    }
+    return name;
+}
 
 std::string seconds(Duration d) {
     char buf[32];
@@ -70,13 +86,13 @@ Task<void> heartbeat(std::shared_ptr<Store> store, std::string mine, std::string
 
 }  // namespace
 
-Task<Result<std::unique_ptr<GroupToken>>> GroupToken::acquire(std::shared_ptr<Store> store, std::string name, bool join,
+Task<Result<std::unique_ptr<GroupToken>>> GroupToken::acquire(std::shared_ptr<Store> store, std::string name, TokenPurpose purpose,
                                                              Clock::time_point deadline, GroupTokenTiming timing) {
     auto ex = co_await asio::this_coro::executor;
     // (No ?: on string literals in this coroutine: GCC 12 then fails with "array used as initializer".)
-    const std::string kind = join_kind(join);
+    const std::string kind = purpose_name(purpose);
     const std::string mine = "Token_for_" + name + "_" + kind + "_" + nonce();
-    const std::string what = (join ? std::string("joining") : std::string("leaving")) + " as worker \"" + name + "\"";
+    const std::string what = purpose_what(purpose, name);
     // The holder we wait for, its heartbeat as last read and when that value was first seen.
     const std::string key = kGroupTokenKey;
     std::string watched;

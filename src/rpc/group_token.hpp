@@ -20,6 +20,9 @@ namespace tensorplay::detail {
 /// The store key that holds the token (torch's name).
 inline constexpr const char* kGroupTokenKey = "RpcGroupManagementToken";
 
+/// Why a worker takes the token (named in its value).
+enum class TokenPurpose { join, leave, removal };
+
 /// How a token is held and when a silent holder counts as dead.
 struct GroupTokenTiming {
     /// The holder's heartbeat period (an `add` on `<token>/beat`).
@@ -32,17 +35,17 @@ struct GroupTokenTiming {
 /// gives it back. Call its members on the executor it was acquired on.
 class GroupToken {
 public:
-    /// Takes the token for worker `name` (`join`: a join, else a leave) in `store`, waiting while
+    /// Takes the token for worker `name` (to join, leave, or remove a dead member) in `store`, waiting while
     /// others hold it, until `deadline`: Errc::timeout naming the holder then. A holder whose
     /// heartbeat stood still for timing.stale_after loses the token to us (logged at warn).
     [[nodiscard]] static Task<Result<std::unique_ptr<GroupToken>>> acquire(std::shared_ptr<Store> store, std::string name,
-                                                                          bool join, Clock::time_point deadline,
+                                                                          TokenPurpose purpose, Clock::time_point deadline,
                                                                           GroupTokenTiming timing = {});
     ~GroupToken();
     GroupToken(const GroupToken&) = delete;
     GroupToken& operator=(const GroupToken&) = delete;
 
-    /// The token's value ("Token_for_<name>_<join|leave>_<nonce>").
+    /// The token's value ("Token_for_<name>_<join|leave|removal>_<nonce>").
     [[nodiscard]] const std::string& value() const noexcept;
     /// True once a heartbeat found the token key holding another token: a waiter took it from
     /// us, taking us for dead (we were silent past stale_after). What the holder does under the

@@ -13,7 +13,7 @@ constexpr std::size_t kMaxMemberBlob = 1u << 20;    // one record or device info
 
 Bytes encode_membership_update(const MembershipUpdate& u) {
     WireWriter w;
-    w.u32(kUpdateMagic).u8(u.join ? 1 : 2).str32(u.subject).u32(static_cast<std::uint32_t>(u.members.size()));
+    w.u32(kUpdateMagic).u8(static_cast<std::uint8_t>(u.change)).str32(u.subject).u32(static_cast<std::uint32_t>(u.members.size()));
     for (const auto& m : u.members) w.bytes32(encode_record(m.record)).bytes32(encode_worker_device_info(m.devices));
     return std::move(w).take();
 }
@@ -24,9 +24,9 @@ Result<MembershipUpdate> decode_membership_update(std::span<const std::uint8_t> 
     if (const auto magic = r.u32(); !r.failed() && magic != kUpdateMagic)
         return fail(Errc::protocol_error, "not a membership update (bad magic)");
     const auto kind = r.u8();
-    if (!r.failed() && kind != 1 && kind != 2)
-        return fail(Errc::protocol_error, "membership update of unknown kind " + std::to_string(kind));
-    u.join = kind == 1;
+    if (!r.failed() && (kind < 1 || kind > 3))
+        return fail(Errc::protocol_error, "membership update of unknown change " + std::to_string(kind));
+    u.change = static_cast<MembershipChange>(kind);
     u.subject = std::string(r.str32(1024, "worker name"));
     const auto n = r.u32();
     if (!r.failed() && n > kMaxGroupMembers)

@@ -10,6 +10,7 @@
 
 #include "rpc/peer_record.hpp"
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ inline constexpr const char* kDeviceInfosHandler = "_tp_get_device_infos";
 /// Takes a MembershipUpdate (the seed's _update_group_membership, with the whole group).
 inline constexpr const char* kMembershipHandler = "_tp_update_group_membership";
 
+/// The store keys of a dynamic group: each member's record (as a static group's), its claim on
+/// its rank (its name), its heartbeat (a counter), and the member list (encode_member_ranks).
+[[nodiscard]] inline std::string member_info_key(int rank) { return "native_agent/info/" + std::to_string(rank); }
+[[nodiscard]] inline std::string member_claim_key(int rank) { return "native_agent/dynamic/names/" + std::to_string(rank); }
+[[nodiscard]] inline std::string member_beat_key(int rank) { return "native_agent/dynamic/beat/" + std::to_string(rank); }
+inline constexpr const char* kMembersKey = "native_agent/dynamic/members";
+
 /// Members one update may list.
 inline constexpr std::size_t kMaxGroupMembers = 65536;
 
@@ -30,17 +38,21 @@ struct GroupMember {
     friend bool operator==(const GroupMember&, const GroupMember&) = default;
 };
 
-/// After `subject` joined (`join`) or left: every member of the group now, by rank.
+/// What changed: `subject` joined, left by itself (graceful shutdown), or was removed by the
+/// sender (it died without leaving).
+enum class MembershipChange : std::uint8_t { join = 1, leave = 2, removal = 3 };
+
+/// After `subject` joined, left or was removed: every member of the group now, by rank.
 struct MembershipUpdate {
-    bool join = true;
+    MembershipChange change = MembershipChange::join;
     std::string subject;
     std::vector<GroupMember> members;
     friend bool operator==(const MembershipUpdate&, const MembershipUpdate&) = default;
 };
 
-/// u32 magic "TPMU", u8 kind (1 join, 2 leave), str32 subject, u32 count { bytes32 record, bytes32 device info }.
+/// u32 magic "TPMU", u8 change (1 join, 2 leave, 3 removal), str32 subject, u32 count { bytes32 record, bytes32 device info }.
 [[nodiscard]] Bytes encode_membership_update(const MembershipUpdate& u);
-/// Errc::protocol_error for anything malformed: bad magic or kind, a count over kMaxGroupMembers
+/// Errc::protocol_error for anything malformed: bad magic or change, a count over kMaxGroupMembers
 /// or the data, a record or device info that does not decode, two members of one rank or name,
 /// a member whose record and device info name different workers.
 [[nodiscard]] Result<MembershipUpdate> decode_membership_update(std::span<const std::uint8_t> b);

@@ -49,6 +49,10 @@ struct NativeAgentTuning {
     std::size_t max_inbound_connections = 4096;
     /// Bound on every store wait during init and graceful shutdown (0: the store's timeout).
     Duration init_timeout{0};
+    /// Dynamic groups: how long a member's heartbeat may stand still before it is probed (0: the
+    /// options' member_timeout). Its heartbeat beats ten times per period (at most once a second),
+    /// and a probe waits half of it (at most 5 s) for the answer.
+    Duration member_timeout{0};
 };
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request
@@ -184,7 +188,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Result<void> open_endpoint();
     [[nodiscard]] bool dynamic() const noexcept { return world_size <= 0; }
 
-    // ---- native_agent_membership.cpp (dynamic groups) ----
+    // ---- native_agent_membership.cpp (dynamic groups: join, leave, updates) ----
     /// Adds the built-in membership handlers (a static member's answer that it refuses them).
     [[nodiscard]] Result<void> add_membership_handlers();
     /// A dynamic member's start: claims its rank, takes the group token, learns the members,
@@ -200,6 +204,31 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Result<void> add_member(const WorkerInfo& info, std::vector<TransportOffer> addresses);
     /// This worker's entry in a membership update.
     [[nodiscard]] GroupMember self_member() const;
+    /// A call of a built-in handler (its arguments outlive the call) until `deadline`.
+    [[nodiscard]] Task<Result<Message>> call_builtin(const std::string& to, const char* handler, const Bytes& payload,
+                                                     Clock::time_point deadline);
+    /// The group's members as the store lists them (empty before the first join).
+    [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
+    /// The bound of every wait of a join, a leave or a removal.
+    [[nodiscard]] Duration membership_wait_limit() const;
+
+    // ---- native_agent_liveness.cpp (dynamic groups: heartbeats, dead members) ----
+    /// The member timeout (tuning, else the options').
+    [[nodiscard]] Duration member_timeout() const;
+    /// Starts the heartbeat of this member and the watch of its successor by rank.
+    void start_liveness();
+    /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): it is
+    /// probed and, when it does not answer, removed from the group under the token. One check per
+    /// member at a time.
+    void suspect(int rank, std::string why);
+    /// Ranks whose removal check runs; `removals_idle` is set when the last one ends.
+    std::vector<int> suspects;
+    Event removals_idle;
+    /// Set by a graceful leave: connections that close from then on are no sign of a death.
+    bool leaving = false;
+    /// Set when the group removed this member while it was alive (its claim on its rank is gone).
+    bool evicted = false;
+
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 

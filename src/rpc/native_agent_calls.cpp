@@ -102,6 +102,13 @@ public:
                                                peer.info.name + "\": " + why.message());
             core.calls.fail(peer.pending, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
+            // A dynamic member that may have died: checked, and removed when it does not answer.
+            if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers.at(peer.info.id) == &peer)
+                core.suspect(peer.info.id, "its connection was lost (" + why.message() + ")");
+        } else if (core.state != AgentCore::State::closed && why.code() == Errc::connection_lost) {
+            const PeerLink* member = core.peers.at(conn_->peer().rank);
+            if (member && member->info.name == conn_->peer().name)
+                core.suspect(member->info.id, "its connection was lost (" + why.message() + ")");
         }
         // (shutdown: closed on purpose, e.g. the peer left a dynamic group)
         if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)

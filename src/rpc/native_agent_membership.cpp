@@ -2,38 +2,60 @@
 // members learnt from the store, their device infos gathered over RPC, checked with the seed's
 // dynamic rules, everyone updated), and leaves the same way. Every member recomputes its maps
 // and device list from the whole group at each change, so that they are what the static
-// exchange would compute over the current members.
+// exchange would compute over the current members. Dead members: native_agent_liveness.cpp.
 #include "rpc/native_agent.hpp"
 
 #include <tensorplay/core/bytes.hpp>
 #include <tensorplay/core/log.hpp>
 
+#include <tensorplay/core/timeout.hpp>
+
 #include "rpc/group_token.hpp"
 
 #include <algorithm>
-#include <set>
 
 namespace tensorplay::detail {
 namespace {
-
-constexpr std::string_view kInfoPrefix = "native_agent/info/";
-constexpr std::string_view kNamesPrefix = "native_agent/dynamic/names/";
-constexpr std::string_view kMembersKey = "native_agent/dynamic/members";
 
 Task<Result<Message>> answer_device_infos(std::shared_ptr<AgentCore> core) {
     co_return Message{encode_worker_device_info(core->self_member().devices), {}};
 }
 
+const char* change_verb(MembershipChange c) {
+    switch (c) {
+    case MembershipChange::join: return "joined";
+    case MembershipChange::leave: return "left";
+    case MembershipChange::removal: return "was removed (it died without leaving)";
+    }
+    return "changed";
+}
+
 Task<Result<Message>> answer_membership(std::shared_ptr<AgentCore> core, WorkerInfo caller, Message m) {
     auto u = decode_membership_update(m.payload);
     if (!u) co_return fail(std::move(u).error().context("membership update from worker \"" + caller.name + "\""));
-    if (u->subject != caller.name)
+    // A member joins and leaves by itself; any member may remove a dead one (not itself, nor us).
+    const bool by_itself = u->change != MembershipChange::removal;
+    if (by_itself && u->subject != caller.name)
         co_return fail(Errc::invalid_argument, "worker \"" + caller.name + "\" sent a membership change of worker \"" +
                                                    u->subject + "\" (a member joins and leaves by itself)");
+    if (!by_itself && (u->subject == caller.name || core->peers.rank_of(caller.name) < 0))
+        co_return fail(Errc::invalid_argument, "worker \"" + caller.name + "\" may not remove worker \"" + u->subject +
+                                                   "\" (only another member removes a dead one)");
+    // A leaver's calls that we sent before this update still get their replies: it waits for our
+    // answer, which we give once they have (so that no member may still call it after).
+    std::shared_ptr<PeerLink> leaver;
+    if (u->change == MembershipChange::leave) leaver = core->peers.link(core->peers.rank_of(u->subject));
     if (auto r = core->apply_membership(*u); !r) co_return fail(std::move(r).error());
-    log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\": worker \"" + u->subject + "\" " +
-                                   (u->join ? "joined" : "left") + "; the group has " + std::to_string(u->members.size()) +
-                                   " member(s)");
+    log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\": worker \"" + u->subject + "\" " + change_verb(u->change) +
+                                   "; the group has " + std::to_string(u->members.size()) + " member(s)");
+    if (leaver) {
+        auto draining = core->calls.drained(leaver->pending, Clock::now() + core->membership_wait_limit());
+        const bool drained = co_await std::move(draining);
+        const Error why(Errc::shutdown, "worker \"" + leaver->info.name + "\" left the group", leaver->info.name);
+        if (!drained) core->calls.fail(leaver->pending, nullptr, why);
+        if (leaver->conn) leaver->conn->close(why);
+        leaver->conn.reset();
+    }
     co_return Message{};
 }
 
@@ -43,47 +65,39 @@ Task<Result<Message>> refuse_membership(std::shared_ptr<AgentCore> core, WorkerI
                                                caller.name + "\"");
 }
 
-/// A call of a built-in handler, its arguments built here (not as temporaries of the awaiting
-/// expression, which GCC 12 may destroy too early in a coroutine).
-Task<Result<Message>> call_member(AgentCore& core, const std::string& to, const char* handler, const Bytes& payload,
-                                  double timeout_sec) {
-    return core.call(to, handler, Message{payload, {}}, timeout_sec);
-}
-
-double seconds_until(Clock::time_point deadline) {
-    const auto left = std::chrono::duration<double>(deadline - Clock::now()).count();
-    return std::max(left, 0.001);
-}
-
 std::vector<int> ranks_of(const std::vector<GroupMember>& members) {
     std::vector<int> r;
     for (const auto& m : members) r.push_back(m.record.rank);
     return r;
 }
 
-/// What start_dynamic does while it holds the token.
-Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time_point deadline) {
+/// Whether a failed call says that its worker is gone (unreachable), rather than that it refused.
+bool unreachable(const Error& e) {
+    return e.code() == Errc::connection_lost || e.code() == Errc::timeout;
+}
+
+/// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
+Task<void> forget_member(Store& store, int rank) {
+    (void)co_await store.delete_key(member_info_key(rank));
+    (void)co_await store.delete_key(member_claim_key(rank));
+    (void)co_await store.delete_key(member_beat_key(rank));
+}
+
+/// What start_dynamic does while it holds the token. `unreached`: members that did not take the
+/// update (checked for death once the token is back).
+Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time_point deadline, std::vector<int>& unreached) {
     auto& store = core->store;
     const std::string me = core->self.name;
     const GroupMember mine = core->self_member();
-    if (auto r = co_await store->set(std::string(kInfoPrefix) + std::to_string(core->self.id), encode_record(mine.record)); !r)
+    if (auto r = co_await store->set(member_info_key(core->self.id), encode_record(mine.record)); !r)
         co_return fail(std::move(r).error().context("publishing the address of worker \"" + me + "\""));
-    // The members now (none: the first one).
-    std::vector<int> ranks;
-    std::vector<std::string> members_key(1, std::string(kMembersKey));
-    auto listed = co_await store->check(std::move(members_key));
-    if (!listed) co_return fail(std::move(listed).error().context("reading the group's members"));
-    if (*listed) {
-        auto b = co_await store->get(std::string(kMembersKey));
-        if (!b) co_return fail(std::move(b).error().context("reading the group's members"));
-        auto r = decode_member_ranks(*b);
-        if (!r) co_return fail(std::move(r).error());
-        ranks = std::move(*r);
-    }
+    auto listed = co_await core->read_member_ranks();
+    if (!listed) co_return fail(std::move(listed).error());
+    std::vector<int> ranks = std::move(*listed);
     std::erase(ranks, core->self.id);  // (a member of this rank that died without leaving: it is us now)
     std::vector<PeerRecord> records;
     for (int r : ranks) {
-        auto b = co_await store->get(std::string(kInfoPrefix) + std::to_string(r));
+        auto b = co_await store->get(member_info_key(r));
         if (!b) co_return fail(std::move(b).error().context("reading the address of the member of rank " + std::to_string(r)));
         auto rec = decode_record(*b);
         if (!rec) co_return fail(std::move(rec).error());
@@ -101,10 +115,18 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
     core->roster_known.set();
     core->state = AgentCore::State::running;
 
-    // The seed's _get_device_infos of every member, over RPC.
+    // The seed's _get_device_infos of every member, over RPC. A member that cannot be reached
+    // died without leaving: it is left out (the update removes it from everyone), its entries go.
     std::vector<GroupMember> all;
+    std::vector<int> dead;
     for (auto& rec : records) {
-        auto reply = co_await call_member(*core, rec.name, kDeviceInfosHandler, Bytes{}, seconds_until(deadline));
+        auto reply = co_await core->call_builtin(rec.name, kDeviceInfosHandler, Bytes{}, deadline);
+        if (!reply && unreachable(reply.error())) {
+            log(LogLevel::warn, "rpc", "worker \"" + me + "\" leaves member \"" + rec.name + "\" out of the group it joins: " +
+                                           reply.error().message());
+            dead.push_back(rec.rank);
+            continue;
+        }
         if (!reply) co_return fail(std::move(reply).error().context("asking member \"" + rec.name + "\" for its devices"));
         auto info = decode_worker_device_info(reply->payload);
         if (!info) co_return fail(std::move(info).error().context("the device info of member \"" + rec.name + "\""));
@@ -121,20 +143,48 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
         co_return fail(std::move(checked).error().context("worker \"" + me + "\" cannot join the group"));
 
     // Everyone, ourselves included, takes the group as it is with us (the seed's _update_group_membership).
-    MembershipUpdate update{true, me, all};
+    MembershipUpdate update{MembershipChange::join, me, all};
     const Bytes payload = encode_membership_update(update);
     for (const auto& m : all) {
         if (m.record.name == me) continue;
-        auto r = co_await call_member(*core, m.record.name, kMembershipHandler, payload, seconds_until(deadline));
-        if (!r) co_return fail(std::move(r).error().context("telling member \"" + m.record.name + "\" that worker \"" + me + "\" joins"));
+        auto r = co_await core->call_builtin(m.record.name, kMembershipHandler, payload, deadline);
+        if (r) continue;
+        if (!unreachable(r.error()))
+            co_return fail(std::move(r).error().context("telling member \"" + m.record.name + "\" that worker \"" + me + "\" joins"));
+        // (It took the devices call a moment ago: checked for death once we are in.)
+        log(LogLevel::warn, "rpc", "worker \"" + me + "\" could not tell member \"" + m.record.name + "\" that it joins: " +
+                                       r.error().message());
+        unreached.push_back(m.record.rank);
     }
     if (auto r = core->apply_membership(update); !r) co_return fail(std::move(r).error());
-    if (auto r = co_await store->set(std::string(kMembersKey), encode_member_ranks(ranks_of(all))); !r)
+    if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(all))); !r)
         co_return fail(std::move(r).error().context("recording the group's members"));
+    for (int r : dead) co_await forget_member(*store, r);
     co_return ok();
 }
 
 }  // namespace
+
+Task<Result<Message>> AgentCore::call_builtin(const std::string& to, const char* handler, const Bytes& payload,
+                                              Clock::time_point deadline) {
+    const double secs = std::max(std::chrono::duration<double>(deadline - Clock::now()).count(), 0.001);
+    return call(to, handler, Message{payload, {}}, secs);
+}
+
+Task<Result<std::vector<int>>> AgentCore::read_member_ranks() {
+    auto keep = shared_from_this();
+    std::vector<std::string> key(1, std::string(kMembersKey));
+    auto listed = co_await store->check(std::move(key));
+    if (!listed) co_return fail(std::move(listed).error().context("reading the group's members"));
+    if (!*listed) co_return std::vector<int>{};
+    auto b = co_await store->get(std::string(kMembersKey));
+    if (!b) co_return fail(std::move(b).error().context("reading the group's members"));
+    co_return decode_member_ranks(*b);
+}
+
+Duration AgentCore::membership_wait_limit() const {
+    return tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
+}
 
 GroupMember AgentCore::self_member() const {
     WorkerDeviceInfo d{self.name, local_cuda_device_count(), {}, {}};
@@ -181,8 +231,9 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
     for (const auto& m : update.members) infos.push_back(m.devices);
     auto checked = check_dynamic_group_device_maps(self.name, infos);
     if (!checked) return fail(std::move(checked).error().context("a membership update for worker \"" + self.name + "\""));
-    // Members that are gone: their calls end, their connections close; whoever holds their link
-    // keeps a valid object.
+    // Members that are gone leave the table (new calls to them fail at once, naming them); whoever
+    // holds their link keeps a valid object. A graceful leaver's pending calls still get their
+    // replies (answer_membership waits for them); a dead or vanished member's end now.
     std::vector<int> gone;
     peers.for_each([&](const PeerLink& p) {
         const bool still = std::any_of(update.members.begin(), update.members.end(), [&](const GroupMember& m) {
@@ -193,7 +244,8 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
     for (int r : gone) {
         auto link = peers.remove(r);
         if (!link) continue;
-        const Error why(Errc::shutdown, "worker \"" + link->info.name + "\" left the group", link->info.name);
+        if (update.change == MembershipChange::leave && link->info.name == update.subject) continue;
+        const Error why(Errc::connection_lost, "worker \"" + link->info.name + "\" is no longer a member of the group", link->info.name);
         calls.fail(link->pending, nullptr, why);
         if (link->conn) link->conn->close(why);
         link->conn.reset();
@@ -219,39 +271,54 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
 
 Task<Result<void>> AgentCore::start_dynamic() {
     auto keep = shared_from_this();
-    const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
-    const auto deadline = Clock::now() + wait_limit;
+    const auto deadline = Clock::now() + membership_wait_limit();
     // The rank is ours while we are a member (torch: "RPC worker id X is not unique").
-    const std::string names_key = std::string(kNamesPrefix) + std::to_string(self.id);
-    auto claimed = co_await store->compare_set(names_key, Bytes{}, bytes(self.name));
+    const std::string claim = member_claim_key(self.id);
+    auto claimed = co_await store->compare_set(claim, Bytes{}, bytes(self.name));
     if (!claimed) co_return fail(std::move(claimed).error().context("claiming rank " + std::to_string(self.id)));
     if (to_string(*claimed) != self.name)
         co_return fail(Errc::invalid_argument, "rank " + std::to_string(self.id) + " of the dynamic group is worker \"" +
                                                    to_string(*claimed) + "\"'s (RPC worker id " + std::to_string(self.id) +
                                                    " is not unique)");
-    auto token = co_await GroupToken::acquire(store, self.name, true, deadline);
+    auto token = co_await GroupToken::acquire(store, self.name, TokenPurpose::join, deadline);
     if (!token) {
-        (void)co_await store->delete_key(names_key);
+        (void)co_await store->delete_key(claim);
         co_return fail(std::move(token).error());
     }
-    auto joined = co_await join_under_token(keep, deadline);
+    std::vector<int> unreached;
+    auto joined = co_await join_under_token(keep, deadline, unreached);
     if (!joined) {
         // Nobody was changed before the check, nor after a failed update of the first member;
         // our own entries go.
-        (void)co_await store->delete_key(std::string(kInfoPrefix) + std::to_string(self.id));
-        (void)co_await store->delete_key(names_key);
+        (void)co_await store->delete_key(member_info_key(self.id));
+        (void)co_await store->delete_key(claim);
     }
     if (auto r = co_await (*token)->release(); !r)
         log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not give the group token back: " + r.error().to_string());
     if (!joined) co_return joined;
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" joined the dynamic group (" + std::to_string(members.size()) +
                                    " member(s))");
+    start_liveness();
+    for (int r : unreached) suspect(r, "it did not take the update of our join");
     co_return ok();
 }
 
 Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     auto keep = shared_from_this();
-    auto token = co_await GroupToken::acquire(store, self.name, false, deadline);
+    leaving = true;
+    // A removal that we began ends first (it may hold the token, and should not be cut short).
+    while (!suspects.empty()) {
+        auto waiting = [](Event& e) -> Task<Result<void>> {
+            auto ec = co_await e.wait();
+            if (ec) co_return fail(from_error_code(ec, "waiting for a removal"));
+            co_return ok();
+        };
+        const Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
+        if (deadline != Clock::time_point::max() && left <= Duration::zero()) break;
+        auto wait = with_timeout(waiting(removals_idle), left);
+        if (!co_await std::move(wait)) break;
+    }
+    auto token = co_await GroupToken::acquire(store, self.name, TokenPurpose::leave, deadline);
     if (!token) co_return fail(std::move(token).error().context("worker \"" + self.name + "\" leaving the group"));
     Result<void> result = ok();
     // Our own calls first: they may still need the others.
@@ -261,22 +328,31 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
             result = fail(Errc::timeout, std::to_string(calls.outstanding()) + " call(s) of worker \"" + self.name +
                                              "\" were still outstanding when it left the group");
     }
-    MembershipUpdate update{false, self.name, {}};
+    // The group as the store lists it now: a member that the others removed (taking it for dead)
+    // is no longer in it and tells nobody.
+    auto listed = co_await read_member_ranks();
+    const bool member = listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
+    if (listed && !member)
+        log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" leaves a group that had removed it already");
+    MembershipUpdate update{MembershipChange::leave, self.name, {}};
     for (const auto& m : members)
-        if (m.record.name != self.name) update.members.push_back(m);
-    const Bytes payload = encode_membership_update(update);
-    for (const auto& m : update.members) {
-        auto r = co_await call_member(*this, m.record.name, kMembershipHandler, payload, seconds_until(deadline));
-        if (!r) {
-            log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not tell member \"" + m.record.name +
-                                           "\" that it leaves: " + r.error().to_string());
-            if (result) result = fail(std::move(r).error().context("leaving the group"));
+        if (m.record.name != self.name && (!listed || std::find(listed->begin(), listed->end(), m.record.rank) != listed->end()))
+            update.members.push_back(m);
+    if (member) {
+        // Each member answers once it no longer calls us (its calls to us have their replies).
+        const Bytes payload = encode_membership_update(update);
+        for (const auto& m : update.members) {
+            auto r = co_await call_builtin(m.record.name, kMembershipHandler, payload, deadline);
+            if (!r) {
+                log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not tell member \"" + m.record.name +
+                                               "\" that it leaves: " + r.error().to_string());
+                if (result) result = fail(std::move(r).error().context("leaving the group"));
+            }
         }
+        if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(update.members))); !r && result)
+            result = fail(std::move(r).error().context("recording the group's members"));
+        co_await forget_member(*store, self.id);
     }
-    if (auto r = co_await store->set(std::string(kMembersKey), encode_member_ranks(ranks_of(update.members))); !r && result)
-        result = fail(std::move(r).error().context("recording the group's members"));
-    (void)co_await store->delete_key(std::string(kInfoPrefix) + std::to_string(self.id));
-    (void)co_await store->delete_key(std::string(kNamesPrefix) + std::to_string(self.id));
     if (auto r = co_await (*token)->release(); !r && result) result = fail(std::move(r).error());
     co_return result;
 }

@@ -51,6 +51,8 @@ Result<void> TensorPipeRpcBackendOptions::validate() const {
     if (num_worker_threads <= 0)
         return fail(Errc::invalid_argument,
                     "num_worker_threads must be positive, got " + std::to_string(num_worker_threads));
+    if (!(member_timeout > 0) || !std::isfinite(member_timeout))
+        return fail(Errc::invalid_argument, "member_timeout must be a positive number of seconds, got " + std::to_string(member_timeout));
     if (transports)
         if (auto r = detail::check_transport_names(*transports); !r) return r;
     if (channels)

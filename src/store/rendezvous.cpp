@@ -122,8 +122,9 @@ Result<void> parse_host_port(const std::string& url, std::string_view hp, Target
 }
 
 // Settles one of rank/world_size: the argument, else the query, else (env://) the environment.
+// `optional`: -1 when no source gives it (the world size of a dynamic group's member).
 Result<int> settle(const std::string& url, const char* name, int arg, const std::map<std::string, std::string>& query,
-                   const char* env_name) {
+                   const char* env_name, bool optional = false) {
     if (arg != -1) return arg;
     if (auto it = query.find(name); it != query.end()) {
         auto n = parse_int(it->second);
@@ -131,10 +132,11 @@ Result<int> settle(const std::string& url, const char* name, int arg, const std:
         return *n;
     }
     if (env_name) {
-        auto e = env_int(env_name, true);
+        auto e = env_int(env_name, !optional);
         if (!e) return fail(e.error());
-        return **e;
+        if (*e) return **e;
     }
+    if (optional) return -1;
     return bad(url, std::string(name) + " is not set: pass it or add ?" + name + "= to the URL");
 }
 
@@ -184,12 +186,16 @@ Result<Target> parse(const std::string& url, int rank, int world_size) {
     const bool from_env = t.scheme == "env";
     auto r = settle(url, "rank", rank, *query, from_env ? "RANK" : nullptr);
     if (!r) return fail(r.error());
-    auto w = settle(url, "world_size", world_size, *query, from_env ? "WORLD_SIZE" : nullptr);
+    // No world size from any source: a dynamic group's member (torch 2.x: world_size=None).
+    auto w = settle(url, "world_size", world_size, *query, from_env ? "WORLD_SIZE" : nullptr, true);
     if (!w) return fail(w.error());
     t.rank = *r;
     t.world_size = *w;
-    if (t.world_size < 1) return bad(url, "world_size must be at least 1, got " + std::to_string(t.world_size));
-    if (t.rank < 0 || t.rank >= t.world_size)
+    if (t.world_size == -1) {
+        if (t.rank < 0) return bad(url, "rank " + std::to_string(t.rank) + ": a dynamic group's member still needs a rank >= 0");
+    } else if (t.world_size < 1) {
+        return bad(url, "world_size must be at least 1, got " + std::to_string(t.world_size));
+    } else if (t.rank < 0 || t.rank >= t.world_size)
         return bad(url, "rank " + std::to_string(t.rank) + " is outside the world [0, " + std::to_string(t.world_size) + ")");
     const bool hosts = (t.scheme == "tcp" || t.scheme == "env") && t.rank == 0 && !t.agent_store;
     if (t.port == 0 && (t.scheme == "tcp" || t.scheme == "env") && !hosts)
@@ -434,6 +440,7 @@ Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url
     else
         out.store = *store;
     out.store->set_timeout(timeout);
+    if (t.world_size == -1) co_return out;  // (dynamic: members join the group, not a world)
     // With port 0 nobody else can know the port yet: the hosting rank does not wait for them.
     int largest = 0;
     if (auto j = co_await join(*out.store, t.rank, t.world_size, timeout, !(hosts && t.port == 0), largest); !j) {
@@ -466,6 +473,7 @@ Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world
         out.rank = target->rank;
         out.world_size = target->world_size;
         int largest = 0;
+        if (out.world_size == -1) co_return out;  // (dynamic: members join the group, not a world)
         if (auto j = co_await join(*out.store, out.rank, out.world_size, timeout, true, largest); !j)
             co_return fail(std::move(j).error().context("rendezvous " + init_method));
         co_return out;

@@ -112,7 +112,7 @@ TEST_CASE("a dynamic joiner with invalid device maps is refused with the seed's 
 TEST_CASE("a static member refuses dynamic membership requests", "[rpc][dynamic]") {
     test::run_with_deadline(30s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        detail::MembershipUpdate u{true, "worker0", {}};
+        detail::MembershipUpdate u{detail::MembershipChange::join, "worker0", {}};
         Message m{detail::encode_membership_update(u), {}};
         auto r = co_await g[0]->rpc_async("worker1", detail::kMembershipHandler, std::move(m), 5);
         REQUIRE_FALSE(r);

@@ -26,6 +26,7 @@ using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::GroupToken;
 using detail::GroupTokenTiming;
+using detail::TokenPurpose;
 
 namespace {
 
@@ -45,7 +46,7 @@ Task<std::string> token_key(Store& store) {
 /// A member that takes the token, records the order it got it in, holds it for `hold`, gives it back.
 Task<void> member(std::shared_ptr<Store> store, std::string name, Duration hold, std::vector<std::string>& order,
                   int& holders, int& most_holders) {
-    auto t = co_await GroupToken::acquire(store, name, true, Clock::now() + 10s, fast);
+    auto t = co_await GroupToken::acquire(store, name, TokenPurpose::join, Clock::now() + 10s, fast);
     REQUIRE(t);
     order.push_back(name);
     most_holders = std::max(most_holders, ++holders);
@@ -66,7 +67,7 @@ TEST_CASE("joins and leaves take the token one at a time, each after the holder 
         int holders = 0, most = 0;
         // The first takes it, then holds it past several heartbeats (and past stale_after: alive,
         // it keeps it) while the others wait.
-        auto a = co_await GroupToken::acquire(store, "a", true, Clock::now() + 5s, fast);
+        auto a = co_await GroupToken::acquire(store, "a", TokenPurpose::join, Clock::now() + 5s, fast);
         REQUIRE(a);
         holders = most = 1;
         detail::TaskGroup tasks(ex);
@@ -87,11 +88,11 @@ TEST_CASE("joins and leaves take the token one at a time, each after the holder 
 TEST_CASE("a holder that goes silent loses the token after stale_after; one that beats never does", "[rpc][membership]") {
     test::run_with_deadline(20s, [&]() -> Task<void> {
         auto store = std::make_shared<HashStore>();
-        auto a = co_await GroupToken::acquire(store, "a", true, Clock::now() + 5s, fast);
+        auto a = co_await GroupToken::acquire(store, "a", TokenPurpose::join, Clock::now() + 5s, fast);
         REQUIRE(a);
         const std::string a_token = (*a)->value();
         // While a beats, b waits (well past stale_after) and then times out naming a.
-        auto b = co_await GroupToken::acquire(store, "b", false, Clock::now() + 700ms, fast);
+        auto b = co_await GroupToken::acquire(store, "b", TokenPurpose::leave, Clock::now() + 700ms, fast);
         REQUIRE_FALSE(b);
         CHECK(b.error().code() == Errc::timeout);
         CHECK(b.error().message().find(a_token) != std::string::npos);
@@ -100,7 +101,7 @@ TEST_CASE("a holder that goes silent loses the token after stale_after; one that
         // stood still for stale_after.
         a->reset();
         const auto start = Clock::now();
-        auto c = co_await GroupToken::acquire(store, "c", true, Clock::now() + 5s, fast);
+        auto c = co_await GroupToken::acquire(store, "c", TokenPurpose::join, Clock::now() + 5s, fast);
         REQUIRE(c);
         CHECK(Clock::now() - start >= fast.stale_after);
         CHECK(co_await token_key(*store) == (*c)->value());
@@ -114,9 +115,9 @@ TEST_CASE("a holder taken for dead learns it lost the token, and its release lea
         auto store = std::make_shared<HashStore>();
         // a's heartbeat is slower than the others' stale_after: they take it for dead.
         const GroupTokenTiming slow{std::chrono::milliseconds(600), std::chrono::seconds(10)};
-        auto a = co_await GroupToken::acquire(store, "a", true, Clock::now() + 5s, slow);
+        auto a = co_await GroupToken::acquire(store, "a", TokenPurpose::join, Clock::now() + 5s, slow);
         REQUIRE(a);
-        auto b = co_await GroupToken::acquire(store, "b", true, Clock::now() + 5s, GroupTokenTiming{20ms, 200ms});
+        auto b = co_await GroupToken::acquire(store, "b", TokenPurpose::join, Clock::now() + 5s, GroupTokenTiming{20ms, 200ms});
         REQUIRE(b);
         co_await pause(1300ms);  // a's next heartbeat (within 600 ms) finds b's token
         CHECK((*a)->lost());

@@ -119,7 +119,7 @@ TEST_CASE("rendezvous refuses bad URLs and environments naming the culprit", "[s
         {"tcp://[::1:5", 0, 1, {}, "unterminated ["},
         {"tcp://::1:5", 0, 1, {}, "must be in brackets"},
         {"tcp://h:5", -1, 2, {}, "rank is not set"},
-        {"tcp://h:5", 0, -1, {}, "world_size is not set"},
+        {"tcp://h:5", -2, -1, {}, "a dynamic group's member still needs a rank >= 0"},
         {"tcp://h:5?rank=x", -1, 2, {}, "rank=\"x\" is not an integer"},
         {"tcp://h:5?rank", -1, 2, {}, "\"rank\" is not name=value"},
         {"tcp://h:5", 2, 2, {}, "rank 2 is outside the world [0, 2)"},
@@ -127,11 +127,9 @@ TEST_CASE("rendezvous refuses bad URLs and environments naming the culprit", "[s
         {"tcp://h:5", 0, 0, {}, "world_size must be at least 1"},
         {"tcp://h:0", 1, 2, {}, "port 0 is only for the rank that hosts"},
         {"file://", 0, 1, {}, "no path after file://"},
-        {"file:///tmp/x", 0, -1, {}, "world_size is not set"},
         {"env://", -1, -1, env_without("MASTER_ADDR"), "environment variable MASTER_ADDR expected, but not set"},
         {"env://", -1, -1, env_without("MASTER_PORT"), "environment variable MASTER_PORT expected, but not set"},
         {"env://", -1, -1, env_without("RANK"), "environment variable RANK expected, but not set"},
-        {"env://", -1, -1, env_without("WORLD_SIZE"), "environment variable WORLD_SIZE expected, but not set"},
         {"env://", -1, -1, env_with("MASTER_PORT", "http"), "MASTER_PORT must be an integer, got \"http\""},
         {"env://", -1, -1, env_with("MASTER_PORT", "99999"), "MASTER_PORT must be in 0..65535"},
         {"env://", -1, -1, env_with("WORLD_SIZE", "two"), "WORLD_SIZE must be an integer, got \"two\""},
@@ -265,6 +263,32 @@ TEST_CASE("env:// rank 0 hosts the store itself", "[store]") {
         REQUIRE(rv->server->port() != 0);
         auto g = co_await all_gather(*rv->store, 0, 1, bytes("me"));
         CO_REQUIRE(g);
+    });
+}
+
+TEST_CASE("env:// without WORLD_SIZE starts a dynamic member: rank 0 hosts, the others connect, nobody waits for a world", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        std::shared_ptr<Store> zero_store;
+        std::shared_ptr<TcpStoreServer> server;
+        {
+            EnvScope env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"}, {"RANK", "0"}});
+            auto rv = co_await rendezvous("env://", -1, -1, 5s);
+            CO_REQUIRE(rv);
+            REQUIRE(rv->world_size == -1);
+            REQUIRE(rv->server);
+            server = rv->server;
+            zero_store = rv->store;
+        }
+        // Rank 3 of no world: it connects and returns at once (no other rank joins a world).
+        EnvScope env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(server->port())}, {"RANK", "3"}});
+        auto rv = co_await rendezvous("env://", -1, -1, 5s);
+        CO_REQUIRE(rv);
+        REQUIRE(rv->rank == 3);
+        REQUIRE(rv->world_size == -1);
+        REQUIRE_FALSE(rv->server);
+        CO_REQUIRE(co_await rv->store->set("dynamic", bytes("yes")));
+        auto v = co_await zero_store->get("dynamic");
+        REQUIRE((v && *v == bytes("yes")));
     });
 }
 

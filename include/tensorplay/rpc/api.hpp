@@ -24,7 +24,10 @@ namespace tensorplay {
 /// defaults. The agent runs on the awaiting coroutine's executor, which must be single-threaded or a
 /// strand (a thread pool's, or an io_context's made for several threads, is invalid_argument). The
 /// first agent started while there is no default becomes the process default (used by the free
-/// functions below). Errors: the rendezvous' and the backend's (unknown_backend, timeout, ...).
+/// functions below). A world size that neither the argument, the URL nor WORLD_SIZE gives
+/// (DYNAMIC_WORLD_SIZE) starts a member of a dynamic group, which joins the running group (the
+/// store must exist: rank 0 hosts it, or an external one). Errors: the rendezvous' and the
+/// backend's (unknown_backend, timeout, ...).
 [[nodiscard]] Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name,
                                                                BackendRef backend = BackendType::tensorpipe(),
                                                                int rank = -1, int world_size = -1,

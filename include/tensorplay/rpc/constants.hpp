@@ -20,6 +20,9 @@ inline constexpr std::chrono::milliseconds DEFAULT_PROCESS_GROUP_TIMEOUT{2147483
 /// The world size of a dynamic group's member (init_rpc / init_backend): no fixed number of
 /// workers; members join and leave while the group runs. The rank is still given and unique.
 inline constexpr int DYNAMIC_WORLD_SIZE = -1;
+/// Default time, in seconds, a dynamic group's member may stay silent (its heartbeat standing
+/// still) before the others probe it and, when it does not answer, remove it from the group.
+inline constexpr double DEFAULT_MEMBER_TIMEOUT_SEC = 10.0;
 /// "Use the agent's default timeout" sentinel for rpc_async and friends.
 inline constexpr double UNSET_RPC_TIMEOUT = -1.0;
 

@@ -65,6 +65,9 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// A file holding the shared secret (read at init, trailing newlines dropped), when auth_key
     /// is empty; empty: TP_RPC_AUTH_KEY_FILE. A file that cannot be read fails init.
     std::string auth_key_file;
+    /// Dynamic groups: seconds a member's heartbeat may stand still before the others probe it and,
+    /// when it does not answer, remove it (a lost connection probes at once); must be positive.
+    double member_timeout = DEFAULT_MEMBER_TIMEOUT_SEC;
 
     TensorPipeRpcBackendOptions() = default;
     TensorPipeRpcBackendOptions(double rpc_timeout, std::string init_method,
@@ -77,7 +80,7 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Replaces devices. Checked against the device count when the backend starts.
     void set_devices(std::vector<Device> devices);
 
-    /// The base checks plus num_worker_threads > 0, auth_key at most 64 KiB and known names in
+    /// The base checks plus num_worker_threads > 0, member_timeout > 0, auth_key at most 64 KiB and known names in
     /// transports and channels (Errc::invalid_argument otherwise).
     [[nodiscard]] Result<void> validate() const override;
 };

@@ -17,12 +17,14 @@ struct Rendezvous {
     /// launcher's agent store is used); keep it alive as long as any rank uses the store.
     std::shared_ptr<TcpStoreServer> server;
     int rank = -1;        ///< the rank, from the argument, the URL query or RANK
-    int world_size = -1;  ///< the world size, from the argument, the URL query or WORLD_SIZE
+    int world_size = -1;  ///< the world size, from the argument, the URL query or WORLD_SIZE; -1: none (dynamic)
 };
 
 /// Connects this rank to the group's store and joins the world (see join_world). `rank` and
 /// `world_size` of -1 are taken from the URL query (`?rank=R&world_size=W`), then (env:// only)
-/// from RANK and WORLD_SIZE.
+/// from RANK and WORLD_SIZE. A world size that no source gives makes this rank a member of a
+/// dynamic group (torch 2.x's world_size=None; DYNAMIC_WORLD_SIZE, -1): it connects to the store
+/// (rank 0 hosting it, as below, or an external one) and returns without joining a world.
 ///  - `tcp://host:port` (host may be `[v6addr]`): rank 0 starts a TcpStoreServer on `port` (all
 ///    interfaces, as torch, with an info log line); the others connect, retrying a refused
 ///    connection until `timeout`. Port 0 is allowed for the hosting rank only: it binds an

@@ -1,0 +1,192 @@
+// Native agent, dynamic groups: members that die without leaving. Each member beats (an `add` on
+// its heartbeat key) and watches its successor by rank, so that every member is watched by one
+// other and the store sees O(members) operations per period. A member is suspected when its
+// heartbeat stands still for the member timeout, or at once when a connection to it is lost; the
+// suspect is probed (a call of the built-in devices handler) and, when it does not answer, removed
+// under the group token by whoever suspected it: every other member is sent the group without it.
+// A live member that the group removed (a probe that failed, e.g. a partition) finds its rank
+// claim gone at its next beat, and says so.
+#include "rpc/native_agent.hpp"
+
+#include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/log.hpp>
+
+#include "core/asio_compat.hpp"
+#include "rpc/group_token.hpp"
+
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include <algorithm>
+
+namespace tensorplay::detail {
+namespace {
+
+std::string millis(Duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
+
+Duration beat_interval(Duration timeout) {
+    return std::clamp<Duration>(timeout / 10, std::chrono::milliseconds(10), std::chrono::seconds(1));
+}
+
+Duration probe_timeout(Duration timeout) {
+    return std::clamp<Duration>(timeout / 2, std::chrono::milliseconds(50), std::chrono::seconds(5));
+}
+
+/// The member after `self` by rank (wrapping), or -1 when we are alone.
+int successor(const std::vector<GroupMember>& members, int self) {
+    int next = -1, first = -1;
+    for (const auto& m : members) {
+        const int r = m.record.rank;
+        if (r == self) continue;
+        if (first < 0 || r < first) first = r;
+        if (r > self && (next < 0 || r < next)) next = r;
+    }
+    return next >= 0 ? next : first;
+}
+
+/// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
+Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    const Duration timeout = core->member_timeout();
+    const Duration interval = beat_interval(timeout);
+    const std::string beat = member_beat_key(core->self.id);
+    const std::string claim = member_claim_key(core->self.id);
+    const Bytes mine = bytes(core->self.name);
+    bool store_failing = false;
+    int watched = -1;
+    std::int64_t last = -1;
+    Clock::time_point moved{};
+    while (core->state == AgentCore::State::running) {
+        timer.expires_after(interval);
+        auto [ec] = co_await timer.async_wait(use_nothrow);
+        if (ec || core->state != AgentCore::State::running) co_return;
+        auto beaten = co_await core->store->add(beat, 1);
+        // (The claim holds our name while we are a member: a compare_set of it with itself.)
+        auto held = co_await core->store->compare_set(claim, mine, mine);
+        if (!beaten || !held) {
+            if (!store_failing)
+                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" cannot beat its heartbeat in the store: " +
+                                               (beaten ? held.error() : beaten.error()).to_string());
+            store_failing = true;
+            continue;
+        }
+        store_failing = false;
+        if (*held != mine) {
+            core->evicted = true;
+            log(LogLevel::error, "rpc", "worker \"" + core->self.name + "\" was removed from the dynamic group by the others "
+                                        "(they could not reach it); it is no longer a member: shut it down and start it again");
+            co_return;
+        }
+        const int next = successor(core->members, core->self.id);
+        if (next < 0) continue;
+        auto seen = co_await core->store->add(member_beat_key(next), 0);
+        if (!seen) continue;
+        const auto now = Clock::now();
+        if (next != watched || *seen != last) {
+            watched = next;
+            last = *seen;
+            moved = now;
+        } else if (now - moved >= timeout) {
+            moved = now;  // (suspected once per period at most)
+            core->suspect(next, "its heartbeat stood still for " + millis(timeout));
+        }
+    }
+}
+
+/// Whether member `name` answers a call of a built-in handler within `limit`.
+Task<bool> answers(std::shared_ptr<AgentCore> core, std::string name, Duration limit) {
+    auto r = co_await core->call_builtin(name, kDeviceInfosHandler, Bytes{}, Clock::now() + limit);
+    co_return r.has_value();
+}
+
+/// The removal of the member of `rank` (named `name`) if it does not answer: under the token,
+/// every other member is sent the group without it, the store's list is updated, its entries go.
+Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why) {
+    struct Done {
+        AgentCore& core;
+        int rank;
+        ~Done() {
+            std::erase(core.suspects, rank);
+            if (core.suspects.empty()) core.removals_idle.set();
+        }
+    } done{*core, rank};
+    // (Suspected inside a connection's close: the probe starts on the next turn of the loop.)
+    co_await asio::post(co_await asio::this_coro::executor, use_nothrow);
+    const Duration timeout = core->member_timeout();
+    if (co_await answers(core, name, probe_timeout(timeout))) {
+        log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\" suspected member \"" + name + "\" (" + why +
+                                       "), but it answers");
+        co_return;
+    }
+    const auto deadline = Clock::now() + core->membership_wait_limit();
+    auto token = co_await GroupToken::acquire(core->store, core->self.name, TokenPurpose::removal, deadline);
+    if (!token) {
+        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name + "\": " +
+                                       token.error().to_string());
+        co_return;
+    }
+    // Under the token the group is as the store lists it: gone already (it left, or another member
+    // removed it, or a new worker took its rank), or still there and to be removed.
+    auto listed = co_await core->read_member_ranks();
+    const PeerLink* link = core->peers.at(rank);
+    const bool still = listed && std::find(listed->begin(), listed->end(), rank) != listed->end() && link &&
+                       link->info.name == name && core->state == AgentCore::State::running;
+    if (still && !co_await answers(core, name, probe_timeout(timeout))) {
+        MembershipUpdate update{MembershipChange::removal, name, {}};
+        for (const auto& m : core->members)
+            if (m.record.rank != rank && std::find(listed->begin(), listed->end(), m.record.rank) != listed->end())
+                update.members.push_back(m);
+        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" removes member \"" + name + "\" from the group: " + why +
+                                       ", and it does not answer");
+        const Bytes payload = encode_membership_update(update);
+        std::vector<int> unreached;
+        for (const auto& m : update.members) {
+            if (m.record.rank == core->self.id) continue;
+            auto r = co_await core->call_builtin(m.record.name, kMembershipHandler, payload, deadline);
+            if (!r) {
+                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not tell member \"" + m.record.name +
+                                               "\" that \"" + name + "\" is removed: " + r.error().to_string());
+                unreached.push_back(m.record.rank);
+            }
+        }
+        if (auto a = core->apply_membership(update); !a)
+            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\": " + a.error().to_string());
+        std::vector<int> ranks;
+        for (const auto& m : update.members) ranks.push_back(m.record.rank);
+        if (auto s = co_await core->store->set(kMembersKey, encode_member_ranks(ranks)); !s)
+            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not record the group's members: " + s.error().to_string());
+        (void)co_await core->store->delete_key(member_info_key(rank));
+        (void)co_await core->store->delete_key(member_claim_key(rank));
+        (void)co_await core->store->delete_key(member_beat_key(rank));
+        for (int r : unreached) core->suspect(r, "it did not take the update of a removal");
+    }
+    if (auto r = co_await (*token)->release(); !r)
+        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not give the group token back: " + r.error().to_string());
+}
+
+}  // namespace
+
+Duration AgentCore::member_timeout() const {
+    if (tuning.member_timeout > Duration::zero()) return tuning.member_timeout;
+    const double secs = tp_options ? tp_options->member_timeout : DEFAULT_MEMBER_TIMEOUT_SEC;
+    return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs));
+}
+
+void AgentCore::start_liveness() {
+    tasks.spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
+}
+
+void AgentCore::suspect(int rank, std::string why) {
+    if (!dynamic() || evicted || leaving || state != State::running || rank == self.id) return;
+    const PeerLink* link = peers.at(rank);
+    if (!link || std::find(suspects.begin(), suspects.end(), rank) != suspects.end()) return;
+    suspects.push_back(rank);
+    removals_idle.reset();
+    if (!tasks.spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
+        std::erase(suspects, rank);
+}
+
+}  // namespace tensorplay::detail
