@@ -35,6 +35,18 @@ std::string num(double v) {
 }
 }  // namespace
 
+namespace {
+std::string map_json(const DeviceMap& m) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [from, to] : m) {
+        out += (first ? "" : ",") + json_string(from.str()) + ":" + json_string(to.str());
+        first = false;
+    }
+    return out + "}";
+}
+}  // namespace
+
 std::string AgentDebugInfo::to_json() const {
     std::string out = "{\"worker\":" + json_string(worker) + ",\"rank\":" + std::to_string(rank) +
                       ",\"world_size\":" + std::to_string(world_size) + ",\"peers\":[";
@@ -45,8 +57,11 @@ std::string AgentDebugInfo::to_json() const {
                ",\"transport\":" + json_string(p.transport) + ",\"channel\":" + json_string(p.channel) + ",\"calls_in_flight\":" + std::to_string(p.calls_in_flight) +
                ",\"calls_done\":" + std::to_string(p.calls_done) + ",\"calls_failed\":" + std::to_string(p.calls_failed) +
                ",\"requests_served\":" + std::to_string(p.requests_served) + ",\"bytes_sent\":" + std::to_string(p.bytes_sent) +
-               ",\"bytes_received\":" + std::to_string(p.bytes_received) + "}";
+               ",\"bytes_received\":" + std::to_string(p.bytes_received) + ",\"device_map\":" + map_json(p.device_map) +
+               ",\"reverse_device_map\":" + map_json(p.reverse_device_map) + "}";
     }
+    out += "],\"devices\":[";
+    for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? "," : "") + json_string(devices[i].str());
     out += "],\"errors\":{";
     bool first = true;
     for (const auto& [code, n] : errors) {

@@ -207,6 +207,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A call of a built-in handler (its arguments outlive the call) until `deadline`.
     [[nodiscard]] Task<Result<Message>> call_builtin(const std::string& to, const char* handler, const Bytes& payload,
                                                      Clock::time_point deadline);
+    /// The same call to every worker of `to` at once; their results in that order.
+    [[nodiscard]] Task<std::vector<Result<Message>>> call_each(std::vector<std::string> to, const char* handler, Bytes payload,
+                                                             Clock::time_point deadline);
     /// The group's members as the store lists them (empty before the first join).
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
     /// The bound of every wait of a join, a leave or a removal.

@@ -372,6 +372,7 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
     d.worker = self.name;
     d.rank = self.id;
     d.world_size = world_size;
+    d.devices = devices;
     peers.for_each([&](const PeerLink& link) {
         const auto r = static_cast<std::size_t>(link.info.id);
         if (link.info.id == self.id || r >= metrics.peers.size()) return;
@@ -391,6 +392,8 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
         p.requests_served = c.requests_served;
         p.bytes_sent = c.bytes_sent;
         p.bytes_received = c.bytes_received;
+        p.device_map = link.map;
+        p.reverse_device_map = link.reverse;
         d.peers.push_back(std::move(p));
     });
     for (std::size_t i = 0; i < metrics.errors.size(); ++i)

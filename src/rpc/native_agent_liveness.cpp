@@ -141,16 +141,19 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
                 update.members.push_back(m);
         log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" removes member \"" + name + "\" from the group: " + why +
                                        ", and it does not answer");
-        const Bytes payload = encode_membership_update(update);
-        std::vector<int> unreached;
-        for (const auto& m : update.members) {
-            if (m.record.rank == core->self.id) continue;
-            auto r = co_await core->call_builtin(m.record.name, kMembershipHandler, payload, deadline);
-            if (!r) {
-                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not tell member \"" + m.record.name +
-                                               "\" that \"" + name + "\" is removed: " + r.error().to_string());
-                unreached.push_back(m.record.rank);
+        std::vector<std::string> others;
+        std::vector<int> other_ranks, unreached;
+        for (const auto& m : update.members)
+            if (m.record.rank != core->self.id) {
+                others.push_back(m.record.name);
+                other_ranks.push_back(m.record.rank);
             }
+        auto told = co_await core->call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
+        for (std::size_t i = 0; i < told.size(); ++i) {
+            if (told[i]) continue;
+            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not tell member \"" + others[i] + "\" that \"" +
+                                           name + "\" is removed: " + told[i].error().to_string());
+            unreached.push_back(other_ranks[i]);
         }
         if (auto a = core->apply_membership(update); !a)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\": " + a.error().to_string());

@@ -144,17 +144,22 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
 
     // Everyone, ourselves included, takes the group as it is with us (the seed's _update_group_membership).
     MembershipUpdate update{MembershipChange::join, me, all};
-    const Bytes payload = encode_membership_update(update);
-    for (const auto& m : all) {
-        if (m.record.name == me) continue;
-        auto r = co_await core->call_builtin(m.record.name, kMembershipHandler, payload, deadline);
-        if (r) continue;
-        if (!unreachable(r.error()))
-            co_return fail(std::move(r).error().context("telling member \"" + m.record.name + "\" that worker \"" + me + "\" joins"));
+    std::vector<std::string> others;
+    std::vector<int> other_ranks;
+    for (const auto& m : all)
+        if (m.record.name != me) {
+            others.push_back(m.record.name);
+            other_ranks.push_back(m.record.rank);
+        }
+    auto told = co_await core->call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
+    for (std::size_t i = 0; i < told.size(); ++i) {
+        if (told[i]) continue;
+        if (!unreachable(told[i].error()))
+            co_return fail(std::move(told[i]).error().context("telling member \"" + others[i] + "\" that worker \"" + me + "\" joins"));
         // (It took the devices call a moment ago: checked for death once we are in.)
-        log(LogLevel::warn, "rpc", "worker \"" + me + "\" could not tell member \"" + m.record.name + "\" that it joins: " +
-                                       r.error().message());
-        unreached.push_back(m.record.rank);
+        log(LogLevel::warn, "rpc", "worker \"" + me + "\" could not tell member \"" + others[i] + "\" that it joins: " +
+                                       told[i].error().message());
+        unreached.push_back(other_ranks[i]);
     }
     if (auto r = core->apply_membership(update); !r) co_return fail(std::move(r).error());
     if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(all))); !r)
@@ -169,6 +174,42 @@ Task<Result<Message>> AgentCore::call_builtin(const std::string& to, const char*
                                               Clock::time_point deadline) {
     const double secs = std::max(std::chrono::duration<double>(deadline - Clock::now()).count(), 0.001);
     return call(to, handler, Message{payload, {}}, secs);
+}
+
+namespace {
+struct Fanout {
+    std::vector<std::optional<Result<Message>>> results;
+    std::size_t left = 0;
+    Event done;
+};
+
+Task<void> fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i, std::string to,
+                      const char* handler, Bytes payload, Clock::time_point deadline) {
+    f->results[i] = co_await core->call_builtin(to, handler, payload, deadline);
+    if (--f->left == 0) f->done.set();
+}
+}  // namespace
+
+Task<std::vector<Result<Message>>> AgentCore::call_each(std::vector<std::string> to, const char* handler, Bytes payload,
+                                                        Clock::time_point deadline) {
+    auto keep = shared_from_this();
+    auto f = std::make_shared<Fanout>();
+    f->results.resize(to.size());
+    f->left = to.size();
+    for (std::size_t i = 0; i < to.size(); ++i) {
+        if (!tasks.spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
+            f->results[i] = fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+            --f->left;
+        }
+    }
+    if (f->left > 0) {
+        auto ec = co_await f->done.wait();
+        (void)ec;  // (cancelled: the calls not ended count as failed below)
+    }
+    std::vector<Result<Message>> out;
+    for (auto& r : f->results)
+        out.push_back(r ? std::move(*r) : fail(Errc::shutdown, "the call was cut short by the agent's shutdown"));
+    co_return out;
 }
 
 Task<Result<std::vector<int>>> AgentCore::read_member_ranks() {
@@ -340,14 +381,15 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
             update.members.push_back(m);
     if (member) {
         // Each member answers once it no longer calls us (its calls to us have their replies).
-        const Bytes payload = encode_membership_update(update);
-        for (const auto& m : update.members) {
-            auto r = co_await call_builtin(m.record.name, kMembershipHandler, payload, deadline);
-            if (!r) {
-                log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not tell member \"" + m.record.name +
-                                               "\" that it leaves: " + r.error().to_string());
-                if (result) result = fail(std::move(r).error().context("leaving the group"));
-            }
+        // (All at once: each answer waits for that member's calls to us, which we serve meanwhile.)
+        std::vector<std::string> others;
+        for (const auto& m : update.members) others.push_back(m.record.name);
+        auto told = co_await call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
+        for (std::size_t i = 0; i < told.size(); ++i) {
+            if (told[i]) continue;
+            log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not tell member \"" + others[i] + "\" that it leaves: " +
+                                           told[i].error().to_string());
+            if (result) result = fail(std::move(told[i]).error().context("leaving the group"));
         }
         if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(update.members))); !r && result)
             result = fail(std::move(r).error().context("recording the group's members"));

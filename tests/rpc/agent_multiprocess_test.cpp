@@ -1,5 +1,6 @@
 // Native agent across processes: forked workers rendezvous over a TcpStore, echo, and survive a SIGKILLed peer.
 #include "rpc/agent_test_util.hpp"
+#include "rpc/forked.hpp"
 
 #include <tensorplay/store/collectives.hpp>
 #include <tensorplay/store/tcp_store.hpp>
@@ -181,49 +182,11 @@ Children spawn(int world, Scenario scenario) {
     return c;
 }
 
-/// Exit codes of every child (-SIGNAL when killed); kills stragglers after `limit`. Waits on the
-/// children's pidfds (readable when they exit), not by polling.
-std::vector<int> reap(const std::vector<pid_t>& pids, std::chrono::seconds limit) {
-    std::vector<int> codes(pids.size(), -1000);
-    std::vector<int> fds(pids.size());
-    bool all_fds = true;
-    for (std::size_t i = 0; i < pids.size(); ++i) {
-        fds[i] = static_cast<int>(::syscall(SYS_pidfd_open, pids[i], 0));
-        all_fds = all_fds && fds[i] >= 0;
-    }
-    auto deadline = Clock::now() + limit;
-    std::size_t left = pids.size();
-    while (left > 0) {
-        std::vector<pollfd> watch;
-        for (std::size_t i = 0; i < pids.size(); ++i)
-            if (codes[i] == -1000 && fds[i] >= 0) watch.push_back(pollfd{fds[i], POLLIN, 0});
-        auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (!all_fds) wait_ms = std::min<long long>(wait_ms, 10);  // no pidfd for some child: look again soon
-        ::poll(watch.data(), watch.size(), static_cast<int>(std::max<long long>(wait_ms, 0)));
-        for (std::size_t i = 0; i < pids.size(); ++i) {
-            if (codes[i] != -1000) continue;
-            int status = 0;
-            if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-                codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-                --left;
-            }
-        }
-        if (left > 0 && Clock::now() > deadline) {
-            for (std::size_t i = 0; i < pids.size(); ++i)
-                if (codes[i] == -1000) ::kill(pids[i], SIGKILL);
-            deadline = Clock::now() + 5s;
-        }
-    }
-    for (int fd : fds)
-        if (fd >= 0) ::close(fd);
-    return codes;
-}
-
 }  // namespace
 
 TEST_CASE("worker processes echo messages and tensors to each other and shut down gracefully", "[rpc][agent][multiprocess]") {
     auto c = spawn(3, Scenario::echo);
-    auto codes = reap(c.pids, 30s);
+    auto codes = test::reap(c.pids, 30s);
     for (std::size_t r = 0; r < codes.size(); ++r) {
         INFO("rank " << r);
         CHECK(codes[r] == 0);
@@ -236,7 +199,7 @@ TEST_CASE("calls pending on a SIGKILLed worker fail with connection_lost within 
     int ready = ::poll(&p, 1, 20000);
     char k = 0;
     if (ready == 1 && ::read(c.fds.notify[0], &k, 1) == 1) ::kill(c.pids[1], SIGKILL);
-    auto codes = reap(c.pids, 30s);
+    auto codes = test::reap(c.pids, 30s);
     CHECK(k == 'k');
     CHECK(codes[0] == 0);
     CHECK(codes[1] == -SIGKILL);

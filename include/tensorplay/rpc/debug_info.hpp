@@ -2,6 +2,8 @@
 // dashboards and `echo_cluster --stats`.
 #pragma once
 
+#include <tensorplay/device/device_map.hpp>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,6 +24,8 @@ struct PeerDebugInfo {
     std::uint64_t requests_served = 0;  ///< its calls to this worker that were answered
     std::uint64_t bytes_sent = 0;       ///< message bytes (payloads and tensors) of requests and replies sent to it
     std::uint64_t bytes_received = 0;   ///< message bytes of replies and requests received from it
+    DeviceMap device_map;               ///< where this worker's tensors land on it (device_maps[it])
+    DeviceMap reverse_device_map;       ///< where tensors of replies to its calls land on it (its map, inverted)
 };
 
 /// A snapshot of an agent.
@@ -30,6 +34,7 @@ struct AgentDebugInfo {
     int rank = -1;
     int world_size = 0;
     std::vector<PeerDebugInfo> peers;         ///< every other worker, by rank
+    std::vector<Device> devices;              ///< this worker's devices, as the device-map exchange computed them
     std::map<std::string, std::uint64_t> errors;  ///< this worker's failed calls by error code ("timeout", ...)
     std::uint64_t requests_running = 0;       ///< handler queue depth: requests being served now
     std::uint64_t latency_samples = 0;        ///< calls that got a reply, timed from send to reply
