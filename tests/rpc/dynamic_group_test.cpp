@@ -121,3 +121,66 @@ TEST_CASE("a static member refuses dynamic membership requests", "[rpc][dynamic]
         (void)co_await test::shutdown_all(g);
     });
 }
+
+namespace {
+
+detail::GroupMember member_of(int rank) {
+    const std::string name = test::worker_name(rank);
+    detail::PeerRecord rec{name, rank, {TransportOffer{"uv", "uv", "tcp://127.0.0.1:" + std::to_string(4000 + rank)}}};
+    WorkerDeviceInfo dev{name, 2, {}, {Device::cuda(rank % 2)}};
+    return detail::GroupMember{rec, dev};
+}
+
+Bytes with_u32_at(Bytes b, std::size_t at, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) b.at(at + i) = static_cast<std::uint8_t>(v >> (8 * i));
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("membership updates round-trip, and malformed ones are refused before anything is allocated", "[rpc][dynamic]") {
+    const detail::MembershipUpdate u{detail::MembershipChange::removal, "worker1", {member_of(0), member_of(2)}};
+    const Bytes b = detail::encode_membership_update(u);
+    auto back = detail::decode_membership_update(b);
+    REQUIRE(back);
+    CHECK(back->change == u.change);
+    CHECK(back->subject == "worker1");
+    REQUIRE(back->members.size() == 2);
+    CHECK(back->members[1].record.addresses.at(0).address == "tcp://127.0.0.1:4002");
+    CHECK(back->members[1].devices.devices == std::vector<Device>{Device::cuda(0)});
+    CHECK(detail::encode_membership_update(*back) == b);
+
+    auto refused = [](const Bytes& bad, const char* says) {
+        auto r = detail::decode_membership_update(bad);
+        REQUIRE_FALSE(r);
+        INFO(r.error().to_string());
+        CHECK(r.error().code() == Errc::protocol_error);
+        CHECK(r.error().message().find(says) != std::string::npos);
+    };
+    refused(with_u32_at(b, 0, 0x12345678), "bad magic");
+    Bytes change = b;
+    change.at(4) = 9;
+    refused(change, "unknown change 9");
+    // "worker1" is 7 bytes after its u32 length: the member count follows at 5 + 4 + 7.
+    refused(with_u32_at(b, 16, 1u << 30), "members");
+    refused(Bytes(b.begin(), b.end() - 3), "");
+    Bytes trailing = b;
+    trailing.push_back(0);
+    refused(trailing, "");
+    // Two members of one rank.
+    const detail::MembershipUpdate twice{detail::MembershipChange::join, "worker0", {member_of(0), member_of(0)}};
+    refused(detail::encode_membership_update(twice), "listed twice");
+    // A member whose record and device info name different workers.
+    auto odd = member_of(3);
+    odd.devices.name = "someone else";
+    const detail::MembershipUpdate mixed{detail::MembershipChange::join, "worker3", {odd}};
+    refused(detail::encode_membership_update(mixed), "in its device info");
+
+    const Bytes ranks = detail::encode_member_ranks({4, 0, 7});
+    auto rb = detail::decode_member_ranks(ranks);
+    REQUIRE(rb);
+    CHECK(*rb == std::vector<int>{4, 0, 7});
+    auto huge = detail::decode_member_ranks(with_u32_at(ranks, 0, 1u << 31));
+    REQUIRE_FALSE(huge);
+    CHECK(huge.error().code() == Errc::protocol_error);
+}
