@@ -291,6 +291,10 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         if (link->conn) link->conn->close(why);
         link->conn.reset();
         if (link->connecting) link->connecting->set();
+        // Its own connections to us too: a removed member (taken for dead, or left out of a join)
+        // that is still alive calls nobody any more. (A leaver's stay: its update call is on one.)
+        for (auto& w : inbound)
+            if (auto c = w.lock(); c && c->peer().rank == link->info.id && c->peer().name == link->info.name) c->close(why);
     }
     for (const auto& m : update.members) {
         if (peers.at(m.record.rank)) continue;

@@ -11,6 +11,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 
@@ -98,6 +99,24 @@ inline void register_echo(AgentGroup& g) {
         auto r = a->register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
         REQUIRE(r);
     }
+}
+
+/// The names of the workers `a` lists now, sorted.
+inline std::vector<std::string> member_names(const RpcAgent& a) {
+    std::vector<std::string> n;
+    for (const auto& w : a.get_worker_infos()) n.push_back(w.name);
+    std::sort(n.begin(), n.end());
+    return n;
+}
+
+/// A call of "echo" from `from` to `to`: its result, checked to echo the request.
+inline Task<Result<Message>> call_echo(RpcAgent& from, std::string to, double timeout = 5) {
+    const std::string handler = "echo";
+    const Bytes body = bytes("ping " + to);
+    Message m{body, {}};
+    auto r = co_await from.rpc_async(std::move(to), handler, std::move(m), timeout);
+    if (r && r->payload != body) co_return fail(Errc::internal, "echo answered with other bytes");
+    co_return r;
 }
 
 /// An event for tests: try_send(std::error_code{}, n) signals, async_receive awaits.

@@ -37,19 +37,12 @@ Task<AgentPtr> join(std::shared_ptr<Store> store, int rank, test::Configure conf
     co_return *a;
 }
 
-std::vector<std::string> names_of(const RpcAgent& a) {
-    std::vector<std::string> n;
-    for (const auto& w : a.get_worker_infos()) n.push_back(w.name);
-    std::sort(n.begin(), n.end());
-    return n;
-}
-
 /// Waits (polling each millisecond) until every agent of `group` lists exactly `expect`; false at
 /// `limit`. Membership changes have no notification to await.
 Task<bool> until_members(const std::vector<AgentPtr>& group, std::vector<std::string> expect, std::chrono::milliseconds limit) {
     const auto deadline = Clock::now() + limit;
     for (;;) {
-        const bool all = std::all_of(group.begin(), group.end(), [&](const AgentPtr& a) { return names_of(*a) == expect; });
+        const bool all = std::all_of(group.begin(), group.end(), [&](const AgentPtr& a) { return test::member_names(*a) == expect; });
         if (all) co_return true;
         if (Clock::now() > deadline) co_return false;
         co_await test::sleep_for(1ms);
@@ -116,10 +109,10 @@ TEST_CASE("a member joins while 1,000 calls are in flight; none is lost and ever
         CHECK(load.ok == 1000);
         for (const auto& e : load.errors) FAIL_CHECK(e.to_string());
         const std::vector<std::string> all{"worker0", "worker1", "worker2", "worker3"};
-        for (const auto& a : group) CHECK(names_of(*a) == all);
+        for (const auto& a : group) CHECK(test::member_names(*a) == all);
+        const std::string newcomer = "worker3";
         for (const auto& a : group) {
-            Message m{bytes("to the newcomer"), {}};
-            auto r = co_await a->rpc_async("worker3", "echo", std::move(m), 5);
+            auto r = co_await test::call_echo(*a, newcomer);
             INFO(a->get_worker_info().name);
             CHECK(r);
         }
@@ -145,12 +138,11 @@ TEST_CASE("two members that join at the same moment are serialised by the group 
             REQUIRE(*j);
             group.push_back(**j);
         }
-        for (const auto& a : group) CHECK(names_of(*a) == std::vector<std::string>{"worker0", "worker1", "worker2"});
+        for (const auto& a : group) CHECK(test::member_names(*a) == std::vector<std::string>{"worker0", "worker1", "worker2"});
         for (const auto& a : group)
             for (int to = 0; to < 3; ++to) {
-                Message m{bytes("x"), {}};
                 const std::string name = test::worker_name(to);
-                auto r = co_await a->rpc_async(name, "echo", std::move(m), 5);
+                auto r = co_await test::call_echo(*a, name);
                 CHECK(r);
             }
         co_await shutdown_all(group);
@@ -188,9 +180,9 @@ TEST_CASE("a member leaves gracefully while the others' calls to it are in fligh
         for (const auto& e : load.errors) FAIL_CHECK(e.to_string());
         REQUIRE(left);
         CHECK(*left);
+        const std::string departed = "worker1";
         for (const auto& a : survivors) {
-            Message m{bytes("x"), {}};
-            auto r = co_await a->rpc_async("worker1", "echo", std::move(m), 5);
+            auto r = co_await test::call_echo(*a, departed);
             REQUIRE_FALSE(r);
             CHECK(r.error().code() == Errc::invalid_argument);
             CHECK(r.error().message().find("worker1") != std::string::npos);
@@ -210,9 +202,9 @@ TEST_CASE("a member that stops without leaving is removed by the others, and its
         const std::vector<std::string> two{"worker0", "worker2"}, three{"worker0", "worker1", "worker2"};
         const bool removed = co_await until_members(survivors, two, 20s);
         REQUIRE(removed);
+        const std::string dead = "worker1";
         for (const auto& a : survivors) {
-            Message m{bytes("x"), {}};
-            auto r = co_await a->rpc_async("worker1", "echo", std::move(m), 5);
+            auto r = co_await test::call_echo(*a, dead);
             REQUIRE_FALSE(r);
             CHECK(r.error().code() == Errc::invalid_argument);
         }
@@ -220,8 +212,7 @@ TEST_CASE("a member that stops without leaving is removed by the others, and its
         const bool back = co_await until_members(survivors, three, 5s);
         CHECK(back);
         for (const auto& a : survivors) {
-            Message m{bytes("x"), {}};
-            auto r = co_await a->rpc_async("worker1", "echo", std::move(m), 5);
+            auto r = co_await test::call_echo(*a, dead);
             CHECK(r);
         }
         co_await shutdown_all(survivors);

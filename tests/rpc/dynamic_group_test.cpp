@@ -27,13 +27,6 @@ Task<AgentPtr> join(std::shared_ptr<Store> store, int rank, test::Configure conf
     co_return *a;
 }
 
-std::vector<std::string> names_of(const RpcAgent& a) {
-    std::vector<std::string> n;
-    for (const auto& w : a.get_worker_infos()) n.push_back(w.name);
-    std::sort(n.begin(), n.end());
-    return n;
-}
-
 Task<void> calls_everyone(RpcAgent& from, const std::vector<AgentPtr>& group) {
     for (const auto& to : group) {
         Message m{bytes("hi " + to->get_worker_info().name), {}};
@@ -58,7 +51,7 @@ TEST_CASE("dynamic members join one by one, call each other, leave, and a member
                 for (int i = 0; i <= r; ++i) n.push_back(test::worker_name(i));
                 return n;
             }();
-            for (const auto& a : group) CHECK(names_of(*a) == expect);
+            for (const auto& a : group) CHECK(test::member_names(*a) == expect);
             for (const auto& a : group) co_await calls_everyone(*a, group);
         }
         // worker1 leaves gracefully; the others see it go, and calls to it fail at once.
@@ -67,7 +60,7 @@ TEST_CASE("dynamic members join one by one, call each other, leave, and a member
         AgentPtr gone = group[1];
         group.erase(group.begin() + 1);
         for (const auto& a : group) {
-            CHECK(names_of(*a) == std::vector<std::string>{"worker0", "worker2"});
+            CHECK(test::member_names(*a) == std::vector<std::string>{"worker0", "worker2"});
             Message m{bytes("x"), {}};
             auto r = co_await a->rpc_async("worker1", "echo", std::move(m), 5);
             REQUIRE_FALSE(r);
@@ -77,7 +70,7 @@ TEST_CASE("dynamic members join one by one, call each other, leave, and a member
         for (const auto& a : group) co_await calls_everyone(*a, group);
         // A new worker1 joins under the old name and rank.
         group.insert(group.begin() + 1, co_await join(store, 1));
-        for (const auto& a : group) CHECK(names_of(*a) == std::vector<std::string>{"worker0", "worker1", "worker2"});
+        for (const auto& a : group) CHECK(test::member_names(*a) == std::vector<std::string>{"worker0", "worker1", "worker2"});
         for (const auto& a : group) co_await calls_everyone(*a, group);
         for (auto it = group.rbegin(); it != group.rend(); ++it) {
             auto s = co_await (*it)->shutdown(true, 10);
@@ -100,11 +93,11 @@ TEST_CASE("a dynamic joiner with invalid device maps is refused with the seed's 
         INFO(refused.error().to_string());
         CHECK(refused.error().code() == Errc::invalid_argument);
         CHECK(refused.error().message().find("cannot join the group") != std::string::npos);
-        for (const auto& a : group) CHECK(names_of(*a) == std::vector<std::string>{"worker0", "worker1"});
+        for (const auto& a : group) CHECK(test::member_names(*a) == std::vector<std::string>{"worker0", "worker1"});
         for (const auto& a : group) co_await calls_everyone(*a, group);
         // Its rank is free again.
         group.push_back(co_await join(store, 2));
-        for (const auto& a : group) CHECK(names_of(*a).size() == 3);
+        for (const auto& a : group) CHECK(test::member_names(*a).size() == 3);
         for (auto it = group.rbegin(); it != group.rend(); ++it) (void)co_await (*it)->shutdown(true, 10);
     });
 }

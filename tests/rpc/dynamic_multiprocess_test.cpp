@@ -38,20 +38,13 @@ TcpStoreOptions store_options(std::uint16_t port) {
     return o;
 }
 
-std::vector<std::string> names_of(const RpcAgent& a) {
-    std::vector<std::string> n;
-    for (const auto& w : a.get_worker_infos()) n.push_back(w.name);
-    std::sort(n.begin(), n.end());
-    return n;
-}
-
 /// Polls (each 5 ms) until `a` lists exactly the workers of `ranks`; false at `limit`.
 Task<bool> until_members(RpcAgent& a, std::vector<int> ranks, std::chrono::milliseconds limit) {
     std::vector<std::string> expect;
     for (int r : ranks) expect.push_back(test::worker_name(r));
     std::sort(expect.begin(), expect.end());
     const auto deadline = Clock::now() + limit;
-    while (names_of(a) != expect) {
+    while (test::member_names(a) != expect) {
         if (Clock::now() > deadline) co_return false;
         co_await test::sleep_for(5ms);
     }
