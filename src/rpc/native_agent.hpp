@@ -212,6 +212,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                                              Clock::time_point deadline);
     /// The group's members as the store lists them (empty before the first join).
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
+    /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
+    [[nodiscard]] Task<void> forget_member(int rank);
+    /// Set at the end of every apply_membership (and by close_local); waiters reset it.
+    Event membership_changed;
     /// The bound of every wait of a join, a leave or a removal.
     [[nodiscard]] Duration membership_wait_limit() const;
 
@@ -306,6 +310,9 @@ public:
     [[nodiscard]] std::vector<std::string> listen_urls() const;
     /// Test hook: the open outgoing connection to `rank`, if any.
     [[nodiscard]] std::shared_ptr<Connection> connection_to(int rank) const;
+    /// Test hook (on the agent's executor): waits until get_worker_infos() lists exactly `names`
+    /// (in any order), at most `limit`; false then. Woken by each membership change.
+    [[nodiscard]] Task<bool> until_members(std::vector<std::string> names, Duration limit);
     /// Test hook (on the agent's executor): its background coroutines still running.
     [[nodiscard]] std::size_t background_tasks() const;
 

@@ -432,6 +432,7 @@ void AgentCore::close_local(const Error& reason) {
     closed.store(true, std::memory_order_release);
     for (auto& l : listeners) l->close();
     roster_known.set();
+    membership_changed.set();
     peers.for_each([&](PeerLink& p) {
         calls.fail(p.pending, nullptr, reason);
         if (p.conn) p.conn->close(reason);

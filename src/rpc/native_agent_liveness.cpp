@@ -161,9 +161,7 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
         for (const auto& m : update.members) ranks.push_back(m.record.rank);
         if (auto s = co_await core->store->set(kMembersKey, encode_member_ranks(ranks)); !s)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not record the group's members: " + s.error().to_string());
-        (void)co_await core->store->delete_key(member_info_key(rank));
-        (void)co_await core->store->delete_key(member_claim_key(rank));
-        (void)co_await core->store->delete_key(member_beat_key(rank));
+        co_await core->forget_member(rank);
         for (int r : unreached) core->suspect(r, "it did not take the update of a removal");
     }
     if (auto r = co_await (*token)->release(); !r)

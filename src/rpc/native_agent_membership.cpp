@@ -12,6 +12,10 @@
 
 #include "rpc/group_token.hpp"
 
+#include "core/asio_compat.hpp"
+
+#include <asio/post.hpp>
+
 #include <algorithm>
 
 namespace tensorplay::detail {
@@ -74,13 +78,6 @@ std::vector<int> ranks_of(const std::vector<GroupMember>& members) {
 /// Whether a failed call says that its worker is gone (unreachable), rather than that it refused.
 bool unreachable(const Error& e) {
     return e.code() == Errc::connection_lost || e.code() == Errc::timeout;
-}
-
-/// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
-Task<void> forget_member(Store& store, int rank) {
-    (void)co_await store.delete_key(member_info_key(rank));
-    (void)co_await store.delete_key(member_claim_key(rank));
-    (void)co_await store.delete_key(member_beat_key(rank));
 }
 
 /// What start_dynamic does while it holds the token. `unreached`: members that did not take the
@@ -164,7 +161,7 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
     if (auto r = core->apply_membership(update); !r) co_return fail(std::move(r).error());
     if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(all))); !r)
         co_return fail(std::move(r).error().context("recording the group's members"));
-    for (int r : dead) co_await forget_member(*store, r);
+    for (int r : dead) co_await core->forget_member(r);
     co_return ok();
 }
 
@@ -221,6 +218,40 @@ Task<Result<std::vector<int>>> AgentCore::read_member_ranks() {
     auto b = co_await store->get(std::string(kMembersKey));
     if (!b) co_return fail(std::move(b).error().context("reading the group's members"));
     co_return decode_member_ranks(*b);
+}
+
+Task<void> AgentCore::forget_member(int rank) {
+    auto keep = shared_from_this();
+    (void)co_await store->delete_key(member_info_key(rank));
+    (void)co_await store->delete_key(member_claim_key(rank));
+    (void)co_await store->delete_key(member_beat_key(rank));
+}
+
+Task<bool> NativeAgent::until_members(std::vector<std::string> names, Duration limit) {
+    auto core = core_;
+    std::sort(names.begin(), names.end());
+    auto listed = [&] {
+        std::vector<std::string> now;
+        for (const auto& w : core->peers.infos()) now.push_back(w.name);
+        std::sort(now.begin(), now.end());
+        return now == names;
+    };
+    auto waiting = [](Event& e) -> Task<Result<void>> {
+        auto ec = co_await e.wait();
+        if (ec) co_return fail(from_error_code(ec, "waiting for a membership change"));
+        co_return ok();
+    };
+    const auto deadline = Clock::now() + limit;
+    while (!listed()) {
+        const auto left = deadline - Clock::now();
+        if (left <= Duration::zero()) co_return false;
+        core->membership_changed.reset();
+        auto wait = with_timeout(waiting(core->membership_changed), left);
+        (void)co_await std::move(wait);
+        // (Resumed inside the update that set the event: go on from the next turn of the loop.)
+        co_await asio::post(core->ex, use_nothrow);
+    }
+    co_return true;
 }
 
 Duration AgentCore::membership_wait_limit() const {
@@ -311,6 +342,7 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
     members = update.members;
     roster_read = true;
     roster_known.set();
+    membership_changed.set();
     return ok();
 }
 
@@ -397,7 +429,7 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
         }
         if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(update.members))); !r && result)
             result = fail(std::move(r).error().context("recording the group's members"));
-        co_await forget_member(*store, self.id);
+        co_await forget_member(self.id);
     }
     if (auto r = co_await (*token)->release(); !r && result) result = fail(std::move(r).error());
     co_return result;

@@ -37,16 +37,11 @@ Task<AgentPtr> join(std::shared_ptr<Store> store, int rank, test::Configure conf
     co_return *a;
 }
 
-/// Waits (polling each millisecond) until every agent of `group` lists exactly `expect`; false at
-/// `limit`. Membership changes have no notification to await.
+/// Waits until every agent of `group` lists exactly `expect`; false at `limit`.
 Task<bool> until_members(const std::vector<AgentPtr>& group, std::vector<std::string> expect, std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    for (;;) {
-        const bool all = std::all_of(group.begin(), group.end(), [&](const AgentPtr& a) { return test::member_names(*a) == expect; });
-        if (all) co_return true;
-        if (Clock::now() > deadline) co_return false;
-        co_await test::sleep_for(1ms);
-    }
+    for (const auto& a : group)
+        if (!co_await a->until_members(expect, limit)) co_return false;
+    co_return true;
 }
 
 /// Calls started in the background; counts their outcomes.
@@ -70,11 +65,18 @@ struct InFlight {
     }
 };
 
-/// A handler held until `gate` is set.
-RpcHandler gated(detail::Event& gate, std::size_t& entered) {
-    return [&gate, &entered](WorkerInfo, Message m) -> Task<Result<Message>> {
-        ++entered;
-        (void)co_await gate.wait();
+/// Calls held in a handler: `all_in` is set once `expect` of them have entered, and `open`
+/// releases them all.
+struct Gate {
+    explicit Gate(std::size_t n) : expect(n) {}
+    detail::Event open, all_in;
+    std::size_t expect, entered = 0;
+};
+
+RpcHandler gated(Gate& g) {
+    return [&g](WorkerInfo, Message m) -> Task<Result<Message>> {
+        if (++g.entered == g.expect) g.all_in.set();
+        (void)co_await g.open.wait();
         co_return m;
     };
 }
@@ -94,17 +96,16 @@ TEST_CASE("a member joins while 1,000 calls are in flight; none is lost and ever
         auto store = std::make_shared<HashStore>(10s);
         std::vector<AgentPtr> group;
         for (int r = 0; r < 3; ++r) group.push_back(co_await join(store, r));
-        detail::Event gate;
-        std::size_t entered = 0;
-        for (auto& a : group) REQUIRE(a->register_handler("held", gated(gate, entered)));
+        Gate gate(1000);
+        for (auto& a : group) REQUIRE(a->register_handler("held", gated(gate)));
         InFlight load(ex, 1000);
         for (int i = 0; i < 1000; ++i) {
             const int from = i % 3, to = (i + 1 + i / 3 % 2) % 3;
             load.start(ex, group[from], test::worker_name(to), "held");
         }
-        while (entered < 1000) co_await test::sleep_for(1ms);
+        (void)co_await gate.all_in.wait();
         group.push_back(co_await join(store, 3));  // every member serves the join beside the held calls
-        gate.set();
+        gate.open.set();
         co_await load.all_ended();
         CHECK(load.ok == 1000);
         for (const auto& e : load.errors) FAIL_CHECK(e.to_string());
@@ -155,12 +156,11 @@ TEST_CASE("a member leaves gracefully while the others' calls to it are in fligh
         auto store = std::make_shared<HashStore>(10s);
         std::vector<AgentPtr> group;
         for (int r = 0; r < 3; ++r) group.push_back(co_await join(store, r));
-        detail::Event gate;
-        std::size_t entered = 0;
-        REQUIRE(group[1]->register_handler("held", gated(gate, entered)));
+        Gate gate(100);
+        REQUIRE(group[1]->register_handler("held", gated(gate)));
         InFlight load(ex, 100);
         for (int i = 0; i < 100; ++i) load.start(ex, group[i % 2 == 0 ? 0 : 2], "worker1", "held");
-        while (entered < 100) co_await test::sleep_for(1ms);
+        (void)co_await gate.all_in.wait();
         std::optional<Result<void>> left;
         test::Signal leave_done(ex, 1);
         asio::co_spawn(ex, group[1]->shutdown(true, 20), [&](std::exception_ptr, Result<void> r) {
@@ -173,7 +173,7 @@ TEST_CASE("a member leaves gracefully while the others' calls to it are in fligh
         const bool updated = co_await until_members(survivors, expect, 10s);
         CHECK(updated);
         CHECK(load.ok == 0);
-        gate.set();
+        gate.open.set();
         co_await load.all_ended();
         co_await leave_done.async_receive(asio::use_awaitable);
         CHECK(load.ok == 100);

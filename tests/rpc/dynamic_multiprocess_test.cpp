@@ -7,6 +7,7 @@
 #include "rpc/forked.hpp"
 
 #include <tensorplay/rpc/constants.hpp>
+#include <tensorplay/rpc/startup.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
 #include <asio/io_context.hpp>
@@ -38,17 +39,11 @@ TcpStoreOptions store_options(std::uint16_t port) {
     return o;
 }
 
-/// Polls (each 5 ms) until `a` lists exactly the workers of `ranks`; false at `limit`.
-Task<bool> until_members(RpcAgent& a, std::vector<int> ranks, std::chrono::milliseconds limit) {
+/// Waits until `a` lists exactly the workers of `ranks`; false at `limit`.
+Task<bool> until_members(detail::NativeAgent& a, std::vector<int> ranks, std::chrono::milliseconds limit) {
     std::vector<std::string> expect;
     for (int r : ranks) expect.push_back(test::worker_name(r));
-    std::sort(expect.begin(), expect.end());
-    const auto deadline = Clock::now() + limit;
-    while (test::member_names(a) != expect) {
-        if (Clock::now() > deadline) co_return false;
-        co_await test::sleep_for(5ms);
-    }
-    co_return true;
+    co_return co_await a.until_members(std::move(expect), limit);
 }
 
 Task<bool> echoes(RpcAgent& a, int to) {
@@ -58,6 +53,14 @@ Task<bool> echoes(RpcAgent& a, int to) {
     auto r = co_await a.rpc_async(name, handler, m, 10);
     if (!r) std::fprintf(stderr, "%s -> %s: %s\n", a.get_worker_info().name.c_str(), name.c_str(), r.error().to_string().c_str());
     co_return r && r->payload == m.payload;
+}
+
+/// The group is `ranks` in `a`'s view, and `a` echoes with each of them.
+Task<bool> settled(detail::NativeAgent& a, std::vector<int> ranks, std::chrono::milliseconds limit) {
+    if (!co_await until_members(a, ranks, limit)) co_return false;
+    for (int r : ranks)
+        if (!co_await echoes(a, r)) co_return false;
+    co_return true;
 }
 
 /// A call to a departed member fails at once, naming it.
@@ -99,22 +102,21 @@ Task<int> member(Child c) {
     const bool late = (c.scenario == Scenario::rank0_leaves && c.rank == 3) || (c.scenario == Scenario::killed && c.rank == 11);
     if (late && !co_await store_wait(*st, "test/late", 20s)) co_return 11;
     if (c.rank == 11) args.name = "worker1", args.rank = 1;
+    // Installed before the join ends (a member may call it as soon as the update reached it).
+    if (!register_startup_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; })) co_return 13;
     auto agent = co_await detail::NativeAgent::create(std::move(args), tuning);
     if (!agent) {
         std::fprintf(stderr, "rank %d: %s\n", c.rank, agent.error().to_string().c_str());
         co_return 12;
     }
     auto& a = **agent;
-    if (!a.register_handler("echo", [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; })) co_return 13;
     const int me = a.get_worker_info().id;
 
     if (late) {
         // Everyone calls the newcomer, and it calls everyone.
         std::vector<int> group{1, 2, 3};
         if (c.scenario == Scenario::killed) group = {0, 1, 2};
-        if (!co_await until_members(a, group, 10s)) co_return 14;
-        for (int r : group)
-            if (!co_await echoes(a, r)) co_return 15;
+        if (!co_await settled(a, group, 10s)) co_return 14;
         if (!co_await count_in(*st, "test/late_in", 1)) co_return 16;
         if (!co_await store_wait(*st, "test/finished/all", 20s)) co_return 17;
         auto s = co_await a.shutdown(true, 10);
@@ -123,9 +125,7 @@ Task<int> member(Child c) {
 
     // The first three join at once (serialised by the token), then everyone calls everyone.
     const std::vector<int> first_three{0, 1, 2};
-    if (!co_await until_members(a, first_three, 15s)) co_return 20;
-    for (int r = 0; r < 3; ++r)
-        if (!co_await echoes(a, r)) co_return 21;
+    if (!co_await settled(a, first_three, 15s)) co_return 20;
     if (!co_await count_in(*st, "test/called", 3)) co_return 22;
     if (!co_await store_wait(*st, "test/called/all", 15s)) co_return 23;
 
@@ -176,9 +176,7 @@ Task<int> member(Child c) {
         std::vector<int> now = survivors;
         now.push_back(c.scenario == Scenario::killed ? 1 : 3);
         std::sort(now.begin(), now.end());
-        if (!co_await until_members(a, now, 10s)) co_return 42;
-        for (int r : now)
-            if (!co_await echoes(a, r)) co_return 43;
+        if (!co_await settled(a, now, 10s)) co_return 42;
     }
     if (!co_await count_in(*st, "test/finished", 2)) co_return 44;
     if (!co_await store_wait(*st, "test/finished/all", 20s)) co_return 45;
