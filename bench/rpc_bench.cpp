@@ -3,6 +3,7 @@
 //
 // Usage: rpc_bench [--transport uv|uds|shm] [--channel basic|cma] [--pin same|cross|none] [--iters N] [--calls N]
 //                  [--blocks N] [--quick] [--idle S]
+//        rpc_bench --device cuda [--quick]   (GPU tensors over cuda_ipc and cuda_basic: rpc_cuda.hpp)
 //   --channel: what both workers are restricted to (`_channels`); baseline.cma_gbps_64mib is a plain
 //   process_vm_readv of 64 MiB into a pre-faulted buffer between two processes, from the same run.
 //   --transport: what both workers are restricted to (`_transports`); the baseline's plain sockets
@@ -21,6 +22,7 @@
 // first (their buffers would count in the caller's peak RSS).
 #include "bench_util.hpp"
 #include "plain_sockets.hpp"
+#include "rpc_cuda.hpp"
 #include "rpc_half.hpp"
 #include "same_host_baselines.hpp"
 
@@ -40,6 +42,8 @@ struct Config {
     int reps_64mib = 6;
     int latency_blocks = 20;
     int idle_s = 10;
+    std::string device = "cpu";
+    bool quick = false;
 };
 
 int caller_cpu(const Config& c) { return c.pin == "none" ? -1 : 0; }
@@ -104,7 +108,9 @@ int main(int argc, char** argv) {
         else if (a == "--calls") cfg.calls = std::stol(next());
         else if (a == "--blocks") cfg.latency_blocks = std::stoi(next());
         else if (a == "--idle") cfg.idle_s = std::stoi(next());
+        else if (a == "--device") cfg.device = next();
         else if (a == "--quick") {
+            cfg.quick = true;
             cfg.iters = 2000;
             cfg.calls = 10000;
             cfg.reps_1mib = 10;
@@ -112,9 +118,14 @@ int main(int argc, char** argv) {
             cfg.idle_s = 2;
         } else {
             std::fprintf(stderr, "usage: rpc_bench [--transport uv|uds|shm] [--channel basic|cma] [--pin same|cross|none] "
-                                 "[--iters N] [--calls N] [--blocks N] [--quick] [--idle S]\n");
+                                 "[--iters N] [--calls N] [--blocks N] [--quick] [--idle S] [--device cpu|cuda]\n");
             return 2;
         }
+    }
+    if (cfg.device == "cuda") return bench::cuda_rpc::run(cfg.quick);
+    if (cfg.device != "cpu") {
+        std::fprintf(stderr, "rpc_bench: --device must be cpu or cuda\n");
+        return 2;
     }
     if (cfg.pin != "same" && cfg.pin != "cross" && cfg.pin != "none") {
         std::fprintf(stderr, "rpc_bench: --pin must be same, cross or none\n");

@@ -178,6 +178,16 @@ Result<DeviceProperties> DeviceBackend::properties(Device) { return unsupported(
 Result<void*> DeviceBackend::native_stream(Stream) { return unsupported(*this, "native_stream"); }
 Result<std::pair<Event, IpcHandle>> DeviceBackend::record_ipc_event(Stream) { return unsupported(*this, "record_ipc_event"); }
 Result<Event> DeviceBackend::open_ipc_event(Device, const IpcHandle&) { return unsupported(*this, "open_ipc_event"); }
+Result<std::shared_ptr<Storage>> DeviceBackend::allocate_exportable(Device, std::size_t) {
+    return unsupported(*this, "allocate_exportable");
+}
+Result<IpcHandle> DeviceBackend::export_memory(Storage&) { return unsupported(*this, "export_memory"); }
+Result<std::shared_ptr<Storage>> DeviceBackend::open_memory(Device, const IpcHandle&, std::size_t) {
+    return unsupported(*this, "open_memory");
+}
+Result<bool> DeviceBackend::can_access_peer(Device device, Device peer) { return device == peer; }
+Result<std::pair<Event, IpcHandle>> DeviceBackend::create_ipc_event(Device) { return unsupported(*this, "create_ipc_event"); }
+Result<void> DeviceBackend::record_again(Stream, const Event&) { return unsupported(*this, "record_again"); }
 
 #if !TP_HAS_CUDA
 Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions) {
@@ -229,6 +239,11 @@ public:
         return Event{};
     }
     Result<void> wait_event(Stream stream, const Event&) override { return check_cpu(stream.device, "wait_event"); }
+    Result<bool> can_access_peer(Device device, Device peer) override {  // one host: every cpu device is the same
+        if (auto r = check_cpu(device, "can_access_peer"); !r) return fail(std::move(r).error());
+        if (auto r = check_cpu(peer, "can_access_peer"); !r) return fail(std::move(r).error());
+        return true;
+    }
     Task<Result<void>> wait(Event event) override { return detail::await_event(event.state()); }
 };
 

@@ -1,5 +1,6 @@
 // The cuda DeviceBackend: stream-ordered device memory, pinned staging memory, pooled
-// non-blocking streams, events, and waits that resume coroutines (cuda_wait.cpp).
+// non-blocking streams, events, interprocess memory and events, and waits that resume coroutines
+// (cuda_wait.cpp).
 #include <tensorplay/device/backend.hpp>
 
 #include "device/cuda_device.hpp"
@@ -29,6 +30,47 @@ public:
 private:
     std::shared_ptr<CudaDevice> dev_;
     std::uint32_t stream_;
+    std::uint8_t* data_;
+    std::size_t size_;
+};
+
+// Device memory from cudaMalloc (not the pool: only such memory has an interprocess handle).
+class ExportableStorage final : public Storage {
+public:
+    ExportableStorage(std::shared_ptr<CudaDevice> dev, std::uint8_t* p, std::size_t n) : dev_(std::move(dev)), data_(p), size_(n) {}
+    ~ExportableStorage() override {
+        DeviceGuard guard(dev_->api(), dev_->index());
+        if (auto e = dev_->api().cudaFree(data_); e != cudaSuccess) (void)dev_->failure("cudaFree", e);
+    }
+    ExportableStorage(const ExportableStorage&) = delete;
+    ExportableStorage& operator=(const ExportableStorage&) = delete;
+    Device device() const noexcept override { return Device::cuda(dev_->index()); }
+    std::uint8_t* data() noexcept override { return data_; }
+    std::size_t size() const noexcept override { return size_; }
+    CudaDevice& cuda_device() const noexcept { return *dev_; }
+
+private:
+    std::shared_ptr<CudaDevice> dev_;
+    std::uint8_t* data_;
+    std::size_t size_;
+};
+
+// Another process's device memory, mapped by cudaIpcOpenMemHandle.
+class ImportedStorage final : public Storage {
+public:
+    ImportedStorage(std::shared_ptr<CudaDevice> dev, std::uint8_t* p, std::size_t n) : dev_(std::move(dev)), data_(p), size_(n) {}
+    ~ImportedStorage() override {
+        DeviceGuard guard(dev_->api(), dev_->index());
+        if (auto e = dev_->api().cudaIpcCloseMemHandle(data_); e != cudaSuccess) (void)dev_->failure("cudaIpcCloseMemHandle", e);
+    }
+    ImportedStorage(const ImportedStorage&) = delete;
+    ImportedStorage& operator=(const ImportedStorage&) = delete;
+    Device device() const noexcept override { return Device::cuda(dev_->index()); }
+    std::uint8_t* data() noexcept override { return data_; }
+    std::size_t size() const noexcept override { return size_; }
+
+private:
+    std::shared_ptr<CudaDevice> dev_;
     std::uint8_t* data_;
     std::size_t size_;
 };
@@ -217,7 +259,7 @@ public:
         // cudaMemcpyDefault: the direction follows from the pointers (unified addressing).
         if (auto e = d.api().cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d.stream(stream.id)); e != cudaSuccess)
             return fail(d.failure("cudaMemcpyAsync", e));
-        if (keep_alive) return hold_until_done(d, stream.id, std::move(keep_alive));
+        if (keep_alive) return hold_until_done(*dev, stream.id, std::move(keep_alive));
         return ok();
     }
 
@@ -288,6 +330,92 @@ public:
         return Event{std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false)};
     }
 
+    Result<std::shared_ptr<Storage>> allocate_exportable(Device device, std::size_t nbytes) override {
+        auto dev = device_of(device, "allocate_exportable");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        void* p = nullptr;  // at least one byte: a null pointer has no handle
+        if (auto e = d.api().cudaMalloc(&p, nbytes == 0 ? 1 : nbytes); e != cudaSuccess)
+            return fail(Error(d.failure("cudaMalloc", e)).context("allocating " + std::to_string(nbytes) + " exportable bytes"));
+        return std::shared_ptr<Storage>(std::make_shared<ExportableStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes));
+    }
+
+    Result<IpcHandle> export_memory(Storage& storage) override {
+        auto* st = dynamic_cast<ExportableStorage*>(&storage);
+        if (st == nullptr)
+            return fail(Errc::invalid_argument, "cuda backend: export_memory of " + storage.device().str() +
+                                                    " storage that was not allocated with allocate_exportable");
+        auto& d = st->cuda_device();
+        if (auto s = d.sticky()) return fail(*s);
+        DeviceGuard guard(d.api(), d.index());
+        cudaIpcMemHandle_t h;
+        if (auto e = d.api().cudaIpcGetMemHandle(&h, st->data()); e != cudaSuccess) return fail(d.failure("cudaIpcGetMemHandle", e));
+        IpcHandle out;
+        static_assert(sizeof h == sizeof out);
+        std::memcpy(out.data(), &h, sizeof h);
+        return out;
+    }
+
+    Result<std::shared_ptr<Storage>> open_memory(Device device, const IpcHandle& handle, std::size_t nbytes) override {
+        auto dev = device_of(device, "open_memory");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        cudaIpcMemHandle_t h;
+        std::memcpy(&h, handle.data(), sizeof h);
+        void* p = nullptr;
+        if (auto e = d.api().cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess)
+            return fail(d.failure("cudaIpcOpenMemHandle", e));
+        return std::shared_ptr<Storage>(std::make_shared<ImportedStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes));
+    }
+
+    Result<bool> can_access_peer(Device device, Device peer) override {
+        auto dev = device_of(device, "can_access_peer");
+        if (!dev) return fail(std::move(dev).error());
+        auto other = device_of(peer, "can_access_peer");
+        if (!other) return fail(std::move(other).error());
+        auto& d = **dev;
+        if (d.index() == (*other)->index()) return true;
+        int can = 0;
+        if (auto e = d.api().cudaDeviceCanAccessPeer(&can, d.index(), (*other)->index()); e != cudaSuccess)
+            return fail(d.failure("cudaDeviceCanAccessPeer", e).context("peer cuda:" + std::to_string((*other)->index())));
+        return can != 0;
+    }
+
+    Result<std::pair<Event, IpcHandle>> create_ipc_event(Device device) override {
+        auto dev = device_of(device, "create_ipc_event");
+        if (!dev) return fail(std::move(dev).error());
+        auto& d = **dev;
+        DeviceGuard guard(d.api(), d.index());
+        cudaEvent_t ev = nullptr;
+        if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
+            return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
+        // Its own group: the records of such an event do not follow one stream's order.
+        auto state = std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false, true);
+        cudaIpcEventHandle_t h;
+        if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
+        IpcHandle out;
+        std::memcpy(out.data(), &h, sizeof h);
+        return std::pair<Event, IpcHandle>(Event{std::move(state)}, out);
+    }
+
+    Result<void> record_again(Stream stream, const Event& event) override {
+        auto dev = stream_device(stream, "record_again");
+        if (!dev) return fail(std::move(dev).error());
+        auto* st = dynamic_cast<CudaEventState*>(event.state().get());
+        if (st == nullptr || !st->again())
+            return fail(Errc::invalid_argument, "cuda backend: record_again on " + stream.device.str() +
+                                                    " of an event that does not come from create_ipc_event");
+        auto& d = **dev;
+        if (st->device().index() != d.index())
+            return fail(Errc::invalid_argument, "cuda backend: record_again on " + stream.device.str() + " of an event of cuda:" +
+                                                    std::to_string(st->device().index()) + " (record it on a stream of its device)");
+        DeviceGuard guard(d.api(), d.index());
+        if (auto seq = d.record(stream.id, st->event()); !seq) return fail(std::move(seq).error());
+        return ok();
+    }
+
     Result<void> wait_event(Stream stream, const Event& event) override {
         auto dev = stream_device(stream, "wait_event");
         if (!dev) return fail(std::move(dev).error());
@@ -316,14 +444,20 @@ private:
         return (static_cast<std::uint64_t>(d.index()) << 32) | id;
     }
 
-    // keep_alive is released by a host function once the stream has passed the copy.
-    Result<void> hold_until_done(CudaDevice& d, std::uint32_t id, std::shared_ptr<void> keep_alive) {
-        auto* boxed = new std::shared_ptr<void>(std::move(keep_alive));
-        auto release = [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); };
-        if (auto e = d.api().cudaLaunchHostFunc(d.stream(id), release, boxed); e != cudaSuccess) {
-            delete boxed;  // the copy is queued; the caller must keep the buffers alive (the error says why)
-            return fail(d.failure("cudaLaunchHostFunc", e));
+    // keep_alive is released once the stream has passed the copy, by the completion thread (an
+    // event it polls), not by a host function on the stream: the last reference to device memory
+    // frees it (cudaFreeAsync), and CUDA calls are not permitted in host functions.
+    Result<void> hold_until_done(const std::shared_ptr<CudaDevice>& dev, std::uint32_t id, std::shared_ptr<void> keep_alive) {
+        CudaDevice& d = *dev;
+        auto ev = d.take_event();
+        if (!ev) return fail(std::move(ev).error());  // the copy is queued; the caller must keep the buffers alive
+        auto seq = d.record(id, *ev);
+        if (!seq) {
+            d.return_event(*ev);
+            return fail(std::move(seq).error());
         }
+        auto state = std::make_shared<CudaEventState>(dev, *ev, group_of(d, id), *seq, true);
+        state->on_ready([keep = std::move(keep_alive)]() mutable { keep.reset(); });
         return ok();
     }
 

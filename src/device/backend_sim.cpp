@@ -144,6 +144,13 @@ public:
 
     Task<Result<void>> wait(Event event) override { return await_event(event.state()); }
 
+    // Host memory: any two sim devices reach each other's.
+    Result<bool> can_access_peer(Device device, Device peer) override {
+        if (auto idx = index_of(device, "can_access_peer"); !idx) return fail(std::move(idx).error());
+        if (auto idx = index_of(peer, "can_access_peer"); !idx) return fail(std::move(idx).error());
+        return true;
+    }
+
 private:
     Result<int> index_of(Device device, std::string_view what) const {
         if (!device.is_cuda())

@@ -76,9 +76,11 @@ private:
 class CudaEventState final : public EventState, public std::enable_shared_from_this<CudaEventState> {
 public:
     /// `group`: events of one group complete in `seq` order (one stream); `reuse`: returned to the
-    /// device for reuse (else destroyed: interprocess events).
-    CudaEventState(std::shared_ptr<CudaDevice> device, cudaEvent_t event, std::uint64_t group, std::uint64_t seq, bool reuse)
-        : device_(std::move(device)), event_(event), group_(group), seq_(seq), reuse_(reuse) {}
+    /// device for reuse (else destroyed: interprocess events); `again`: recorded again and again
+    /// (create_ipc_event / record_again), so its completion is never cached.
+    CudaEventState(std::shared_ptr<CudaDevice> device, cudaEvent_t event, std::uint64_t group, std::uint64_t seq, bool reuse,
+                   bool again = false)
+        : device_(std::move(device)), event_(event), group_(group), seq_(seq), reuse_(reuse), again_(again) {}
     ~CudaEventState() override;
 
     bool ready() const noexcept override;
@@ -89,6 +91,8 @@ public:
     [[nodiscard]] cudaEvent_t event() const noexcept { return event_; }
     [[nodiscard]] std::uint64_t group() const noexcept { return group_; }
     [[nodiscard]] std::uint64_t seq() const noexcept { return seq_; }
+    /// True for an event of create_ipc_event (record_again may record it).
+    [[nodiscard]] bool again() const noexcept { return again_; }
 
 private:
     std::shared_ptr<CudaDevice> device_;
@@ -96,6 +100,7 @@ private:
     std::uint64_t group_;
     std::uint64_t seq_;
     bool reuse_;
+    bool again_;
     mutable std::atomic<bool> done_{false};
 };
 

@@ -175,7 +175,7 @@ CudaEventState::~CudaEventState() {
 cudaError_t CudaEventState::query() const noexcept {
     if (done_.load(std::memory_order_acquire)) return cudaSuccess;
     const cudaError_t e = device_->api().cudaEventQuery(event_);
-    if (e == cudaSuccess) done_.store(true, std::memory_order_release);
+    if (e == cudaSuccess && !again_) done_.store(true, std::memory_order_release);
     return e;
 }
 

@@ -19,6 +19,7 @@
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
+#include "rpc/device_channels.hpp"
 #include "transport/transport.hpp"
 
 #include <asio/ip/tcp.hpp>
@@ -53,6 +54,8 @@ struct NativeAgentTuning {
     /// options' member_timeout). Its heartbeat beats ten times per period (at most once a second),
     /// and a probe waits half of it (at most 5 s) for the answer.
     Duration member_timeout{0};
+    /// Bytes of each device's cuda_ipc outbox (0: default_outbox_bytes()).
+    std::size_t outbox_bytes = 0;
 };
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request
@@ -161,6 +164,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     CallTable calls;
     AgentMetrics metrics;                         // get_debug_info's counters
     int shutdown_round = 0;
+    /// Device tensors' staging, outboxes and landing (made by listen()).
+    std::unique_ptr<DeviceChannels> device_channels;
     /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Last: it
     /// is destroyed first, so that the tasks it cancels then still find what they wait on (when
     /// the event loop is destroyed with the agent, its tasks' frames go in any order, and the last
@@ -240,7 +245,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 
     // ---- native_agent_calls.cpp (calls) and native_agent_serve.cpp (serving, handlers) ----
-    [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec);
+    /// A call (`prepared`: call_device's tensors, which live in its frame meanwhile).
+    [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec,
+                                             PreparedTensors* prepared = nullptr);
     /// The rank of `to` when a call can take the common path (agent running, another worker,
     /// connection open), else -1.
     [[nodiscard]] int ready_rank(const std::string& to);
@@ -248,9 +255,20 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Result<int> check_call(const std::string& to) const;
     /// Every other case of call(): another executor, a call to self, no connection yet.
     [[nodiscard]] Task<Result<Message>> call_slow(std::string to, std::string handler, Message message, double timeout_sec);
-    /// Builds the request (tensor targets from the device map) and sends it on `peer`'s connection.
+    /// Builds the request (tensor targets from the device map) and sends it on `peer`'s connection;
+    /// with `prepared`, the device channels' tensors instead of the message's.
     [[nodiscard]] Result<void> send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message,
-                                            bool flush);
+                                            bool flush, PreparedTensors* prepared = nullptr);
+    /// A call whose message has device tensors: they are prepared by the device channels (which
+    /// may wait for copies to host memory), then the call goes on as call() with them.
+    [[nodiscard]] Task<Result<Message>> call_device(std::string to, std::string handler, Message message, double timeout_sec);
+    /// Lands a received frame's device tensors (device_channels->land) into `streams`; false
+    /// when that failed (the error is in frame.alloc_error; a protocol error closes `conn`).
+    bool land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams);
+    /// Where each of a request's tensors lands on `peer` (its device map); device_error naming a
+    /// tensor on a device the map does not cover.
+    [[nodiscard]] Result<void> request_targets(const PeerLink& peer, const std::vector<Tensor>& tensors,
+                                               std::vector<Device>& targets) const;
     /// A call that ended without a reply: timed out (`wait_ec` clear) or cancelled.
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
     [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
@@ -313,6 +331,9 @@ public:
     /// Test hook (on the agent's executor): waits until get_worker_infos() lists exactly `names`
     /// (in any order), at most `limit`; false then. Woken by each membership change.
     [[nodiscard]] Task<bool> until_members(std::vector<std::string> names, Duration limit);
+    /// Test hook (on the agent's executor): how many tensors its device channels sent and received
+    /// by cuda_ipc and by staging.
+    [[nodiscard]] DeviceChannels::Stats device_stats() const;
     /// Test hook (on the agent's executor): its background coroutines still running.
     [[nodiscard]] std::size_t background_tasks() const;
 

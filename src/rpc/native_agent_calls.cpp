@@ -80,11 +80,15 @@ public:
     }
 
     void on_frame(Frame&& f) override {
+        std::vector<tensorplay::Stream> streams;
+        if (!f.targets.empty() && !core_->land_device_tensors(conn_, f, streams) && !conn_->is_open()) return;
         Error* alloc_error = f.alloc_error ? &*f.alloc_error : nullptr;
         if (f.kind == FrameKind::request)
-            core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors)}, alloc_error);
+            core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors), std::move(streams)},
+                                 alloc_error);
         else
-            reply(f.kind, f.id, f.payload, [&] { return Message{std::move(f.payload), std::move(f.tensors)}; }, alloc_error);
+            reply(f.kind, f.id, f.payload,
+                  [&] { return Message{std::move(f.payload), std::move(f.tensors), std::move(streams)}; }, alloc_error);
     }
 
     /// A connection to a worker waits for replies while calls on it are pending.
@@ -92,6 +96,7 @@ public:
 
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
+        if (core.device_channels) core.device_channels->forget(conn_.get());
         if (!peer_) --core.inbound_open;
         if (peer_) {
             PeerLink& peer = *peer_;
@@ -165,19 +170,45 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
 
 Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
     if (desc.target.type != DeviceType::cpu) {
-        // The `basic` channel reads the bytes into host memory: a target the host cannot address
-        // needs a device channel (not built yet), refused before anything is allocated.
+        // Bytes on the connection land in host memory: for a device the host cannot address, in
+        // the backend's pinned staging memory, which the device channels copy up once the frame is
+        // whole (land_device_tensors).
         auto backend = backend_for(desc.target);
-        if (backend && !(*backend)->host_accessible())
-            return fail(Error(Errc::device_error, "cannot receive a tensor into " + desc.target.str() + " on worker \"" + self.name +
-                                                      "\": its memory is not host-addressable and no device channel is built yet",
+        if (!backend)
+            return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+                                                      "\": " + backend.error().message(),
                               self.name));
+        if (!(*backend)->host_accessible()) {
+            if (desc.target.index >= (*backend)->device_count())
+                return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+                                                          "\": it has " + std::to_string((*backend)->device_count()) + " cuda device(s)",
+                                  self.name));
+            auto staging = (*backend)->allocate_host(desc.nbytes);
+            if (!staging) return fail(Error(Errc::device_error, "cannot stage a tensor for " + desc.target.str() + " on worker \"" +
+                                                                    self.name + "\": " + staging.error().message(),
+                                            self.name));
+            return Tensor::wrap(std::move(*staging), desc.dtype, desc.shape);
+        }
     }
     auto t = empty(desc.target, desc.dtype, desc.shape);
     if (!t) return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
                                                       "\": " + t.error().message(),
                               self.name));
     return t;
+}
+
+bool AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams) {
+    if (!device_channels) return true;
+    auto r = device_channels->land(conn, frame, streams);
+    if (r) return true;
+    Error e = std::move(r).error().context("receiving tensors from worker \"" + conn->peer().name + "\"");
+    if (e.code() == Errc::protocol_error) {
+        conn->close(e);
+    } else if (!frame.alloc_error) {
+        frame.alloc_error = std::move(e);
+    }
+    frame.tensors.clear();
+    return false;
 }
 
 asio::thread_pool& AgentCore::worker_pool() {
@@ -217,18 +248,27 @@ Result<int> AgentCore::check_call(const std::string& to) const {
     return rank;
 }
 
-Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush) {
+Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush,
+                                     PreparedTensors* prepared) {
     std::vector<Device> targets;
-    if (const auto i = map_tensor_targets(&peer.map, message.tensors, targets); i >= 0) {
-        const Tensor& t = message.tensors[static_cast<std::size_t>(i)];
+    if (auto routed = request_targets(peer, message.tensors, targets); !routed) return routed;
+    auto s = prepared ? send_parts(*peer.conn, FrameKind::request, id, handler, message.payload, prepared->tensors, targets,
+                                   prepared->parts, flush)
+                      : send_parts(*peer.conn, FrameKind::request, id, handler, message.payload, message.tensors, targets, flush);
+    if (!s) {
+        if (s.error().code() == Errc::invalid_argument) return fail(std::move(s).error());
+        return fail(Error(Errc::connection_lost, "rpc to worker \"" + peer.info.name + "\": " + s.error().message(), peer.info.name));
+    }
+    return ok();
+}
+
+Result<void> AgentCore::request_targets(const PeerLink& peer, const std::vector<Tensor>& tensors, std::vector<Device>& targets) const {
+    if (const auto i = map_tensor_targets(&peer.map, tensors, targets); i >= 0) {
+        const Tensor& t = tensors[static_cast<std::size_t>(i)];
         if (!t.defined()) return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
         return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
                                             t.device().str() + ", which has no device map from worker \"" + self.name +
                                             "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
-    }
-    if (auto s = send_parts(*peer.conn, FrameKind::request, id, handler, message.payload, message.tensors, targets, flush); !s) {
-        if (s.error().code() == Errc::invalid_argument) return fail(std::move(s).error());
-        return fail(Error(Errc::connection_lost, "rpc to worker \"" + peer.info.name + "\": " + s.error().message(), peer.info.name));
     }
     return ok();
 }
@@ -279,10 +319,13 @@ Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, 
 // the functions above, the pending call lives outside the frame): a coroutine frame over about
 // 1 KiB is not kept by Asio's per-thread frame cache, and a malloc of that size misses glibc's
 // thread cache too.
-Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec) {
+Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec,
+                                      PreparedTensors* prepared) {
     auto current = co_await asio::this_coro::executor;
     const int rank = current == ex ? ready_rank(to) : -1;
     if (rank < 0) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
+    if (!prepared && has_device_tensors(message.tensors))
+        co_return co_await call_device(std::move(to), std::move(handler), std::move(message), timeout_sec);
     auto keep = shared_from_this();
     const auto link = peers.link(rank);  // (held while the call awaits: the member may leave meanwhile)
     PeerLink& peer = *link;
@@ -295,7 +338,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const auto sent_at = Clock::now();
     // A lone call is written at once; calls made while others are in flight share the writer's
     // gathered write (the replies that resume them arrive together).
-    if (auto sent = send_request(peer, id, handler, message, calls.outstanding() == 0); !sent) {
+    if (auto sent = send_request(peer, id, handler, message, calls.outstanding() == 0, prepared); !sent) {
         pc->result = fail(std::move(sent).error());
         metrics.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);
@@ -316,6 +359,30 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     auto err = call_error(to, handler, secs, ec);
     metrics.call_failed(rank, err.code());
     co_return fail(std::move(err));
+}
+
+// Device tensors: ordered after their streams, staged or put in the outbox (device_channels.cpp),
+// then the common path with them. The time this takes is charged to the call's timeout.
+Task<Result<Message>> AgentCore::call_device(std::string to, std::string handler, Message message, double timeout_sec) {
+    auto keep = shared_from_this();
+    const int rank = ready_rank(to);
+    const PeerLink* peer = rank >= 0 ? peers.at(rank) : nullptr;
+    if (!peer || !peer->conn) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
+    std::vector<Device> targets;
+    if (auto routed = request_targets(*peer, message.tensors, targets); !routed) co_return fail(std::move(routed).error());
+    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    const auto started = Clock::now();
+    auto conn = peer->conn;
+    auto t = device_channels->prepare(conn, message.tensors, message.streams, std::move(targets));
+    auto prepared = co_await std::move(t);
+    if (!prepared)
+        co_return fail(Error(Errc::device_error, "rpc to worker \"" + to + "\": " + prepared.error().message(), self.name));
+    double left = secs;
+    if (secs > 0) {
+        left = secs - std::chrono::duration<double>(Clock::now() - started).count();
+        if (left <= 0) co_return fail(call_error(to, handler, secs, {}));
+    }
+    co_return co_await call(std::move(to), std::move(handler), std::move(message), left, &*prepared);
 }
 
 // ---- NativeAgent facade ----
@@ -419,6 +486,10 @@ std::string NativeAgent::listen_address() const {
 }
 
 std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }
+
+DeviceChannels::Stats NativeAgent::device_stats() const {
+    return core_->device_channels ? core_->device_channels->stats() : DeviceChannels::Stats{};
+}
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
     const PeerLink* p = core_->peers.at(rank);

@@ -209,9 +209,25 @@ Result<void> AgentCore::listen() {
         listeners.push_back(std::move(*l));
         transports.push_back(std::move(t));
     }
-    // Every built channel carries CPU tensors today (basic: any peer); device channels add their
-    // device types here.
-    for (auto& c : *chans) channel_offers.push_back(ChannelOffer{c, "cpu", "any"});
+    // CPU channels carry CPU tensors; the device channels (cuda_ipc, cuda_basic) are offered for
+    // the cuda device type when this process has cuda devices. Outboxes (cuda_ipc) go on the
+    // devices this worker names or maps from.
+    std::vector<Device> outbox_devices;
+    if (tp_options) {
+        for (const Device& d : tp_options->devices)
+            if (d.is_cuda()) outbox_devices.push_back(d);
+        for (const auto& [to, map] : tp_options->device_maps)
+            for (const auto& [from, onto] : map)
+                if (from.is_cuda()) outbox_devices.push_back(from);
+    }
+    const std::size_t box = tuning.outbox_bytes ? tuning.outbox_bytes : default_outbox_bytes();
+    auto spawn = [this](Task<void> t) { (void)tasks.spawn(std::move(t), "a cuda_ipc release"); };
+    auto dc = DeviceChannels::create(spawn, outbox_devices, *chans, box);
+    if (!dc) return fail(std::move(dc).error().context("setting up the device channels"));
+    device_channels = std::move(*dc);
+    for (auto& c : *chans)
+        if (c != "cuda_ipc" && c != "cuda_basic") channel_offers.push_back(ChannelOffer{c, "cpu", "any"});
+    for (const auto& o : device_channels->offers()) channel_offers.push_back(o);
     return ok();
 }
 

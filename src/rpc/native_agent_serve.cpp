@@ -27,6 +27,14 @@ Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Mes
 /// Reply tensors go back through the reverse of the caller's map; fills `targets`.
 Result<void> route_reply_tensors(const AgentCore& core, const HelloInfo& caller, const std::vector<Tensor>& tensors,
                                  std::vector<Device>& targets) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Device d = tensors[i].defined() ? tensors[i].device() : Device::cpu();
+        if (!d.is_cpu() && std::find(core.devices.begin(), core.devices.end(), d) == core.devices.end())
+            return fail(Errc::device_error,
+                        "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which is not among the devices of worker \"" +
+                            core.self.name + "\" (set them with `devices`, or map them in a device map)",
+                        core.self.name);
+    }
     const DeviceMap* reverse = nullptr;
     if (const PeerLink* p = core.peers.at(caller.rank); p && p->info.name == caller.name) reverse = &p->reverse;
     const auto i = map_tensor_targets(reverse, tensors, targets);
@@ -39,10 +47,11 @@ Result<void> route_reply_tensors(const AgentCore& core, const HelloInfo& caller,
                 core.self.name);
 }
 
-/// Sends the reply to the worker's request: `r`'s message, or its error.
-void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Message>& r) {
-    std::vector<Device> targets;
-    if (r && !r->tensors.empty()) {
+/// Sends the reply to the worker's request: `r`'s message, or its error; with `prepared`, the
+/// device channels' tensors (for which `targets` was filled).
+void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Message>& r, PreparedTensors* prepared = nullptr,
+                std::vector<Device> targets = {}) {
+    if (r && !r->tensors.empty() && !prepared) {
         if (auto routed = route_reply_tensors(core, conn.peer(), r->tensors, targets); !routed) r = fail(std::move(routed).error());
     }
     if (core.metrics.requests_running > 0) --core.metrics.requests_running;
@@ -54,7 +63,9 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
     // Flush now unless more requests are already buffered: their replies then share one write.
     const bool flush = !input_pending(conn);
     Result<void> sent;
-    if (r) {
+    if (r && prepared) {
+        sent = send_parts(conn, FrameKind::response, id, {}, r->payload, prepared->tensors, targets, prepared->parts, flush);
+    } else if (r) {
         sent = send_parts(conn, FrameKind::response, id, {}, r->payload, r->tensors, targets, flush);
     } else {
         Bytes e = encode_error(r.error());
@@ -62,6 +73,25 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
         sent = send_parts(conn, FrameKind::error, id, {}, e, none, {}, flush);
     }
     if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + conn.peer().name + "\": " + sent.error().to_string());
+}
+
+/// A reply with device tensors: ordered after the handler's streams (for a device it names none
+/// on, its request's), routed back through the reverse map, staged or put in the outbox, sent.
+Task<void> send_device_reply(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::uint64_t id,
+                             Result<Message> r, std::vector<tensorplay::Stream> request_streams) {
+    std::vector<Device> targets;
+    std::optional<PreparedTensors> prepared;
+    if (auto routed = route_reply_tensors(*core, conn->peer(), r->tensors, targets); !routed) {
+        r = fail(std::move(routed).error());
+    } else {
+        for (const auto& s : request_streams)
+            if (!r->stream_for(s.device)) r->streams.push_back(s);
+        auto t = core->device_channels->prepare(conn, r->tensors, r->streams, targets);
+        auto p = co_await std::move(t);
+        if (p) prepared = std::move(*p);
+        else r = fail(Error(Errc::device_error, "sending the reply's tensors: " + p.error().message(), core->self.name));
+    }
+    send_reply(*core, *conn, id, r, prepared ? &*prepared : nullptr, std::move(targets));
 }
 
 /// Idle workers kept parked at most; beyond that, a worker that finishes exits.
@@ -79,6 +109,7 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
     for (;;) {
         ServeRequest& req = w.req;
         Result<Message> r;  // (no placeholder error: building one costs an allocation on every call)
+        std::vector<tensorplay::Stream> request_streams;  // (empty unless the request had device tensors: no allocation)
         if (req.error) {
             r = fail(std::move(*req.error));
         } else if (!req.entry) {
@@ -86,6 +117,7 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
         } else {
             try {
                 WorkerInfo caller{w.conn->peer().name, w.conn->peer().rank};
+                request_streams = req.message.streams;
                 auto t = w.core->start_handler(*req.entry, std::move(caller), std::move(req.message));  // (GCC 12: not inside co_await)
                 r = co_await std::move(t);
             } catch (...) {
@@ -93,7 +125,12 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
             }
             w.core->finish_handler(*req.entry, r);
         }
-        send_reply(*w.core, *w.conn, req.id, r);
+        if (r && has_device_tensors(r->tensors) && w.core->device_channels) {
+            auto t = send_device_reply(w.core, w.conn, req.id, std::move(r), std::move(request_streams));
+            co_await std::move(t);
+        } else {
+            send_reply(*w.core, *w.conn, req.id, r);
+        }
         w.has_request = false;
         req.entry.reset();
         req.error.reset();

@@ -21,7 +21,12 @@ const ChannelOffer* find_cma(const HelloInfo& info) {
     return nullptr;
 }
 
-ChannelKind kind_named(std::string_view name) { return name == "cma" ? ChannelKind::cma : ChannelKind::basic; }
+ChannelKind kind_named(std::string_view name) {
+    if (name == "cma") return ChannelKind::cma;
+    if (name == "cuda_ipc") return ChannelKind::cuda_ipc;
+    if (name == "cuda_basic") return ChannelKind::cuda_basic;
+    return ChannelKind::basic;
+}
 
 std::size_t type_index(std::string_view type) { return type == "cpu" ? 0 : 1; }
 }  // namespace

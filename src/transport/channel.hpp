@@ -18,7 +18,10 @@
 
 namespace tensorplay::detail {
 
-enum class ChannelKind : std::uint8_t { basic = 0, cma = 1 };
+/// cuda_basic: a device tensor staged through pinned host memory, its bytes inline as basic's;
+/// cuda_ipc: left in the sender's device outbox, copied device to device by the receiver (the
+/// agent's device channels, src/rpc/device_channels.hpp; the connection carries the reference).
+enum class ChannelKind : std::uint8_t { basic = 0, cma = 1, cuda_basic = 2, cuda_ipc = 3 };
 
 /// A CPU tensor of at least this many bytes goes by cma on a cma pair; a smaller one inline. At
 /// 64 KiB the two copies of the inline path (into the socket, out of it: about 10 us here) cost

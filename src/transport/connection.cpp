@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -450,17 +451,17 @@ Result<void> Connection::send(Frame frame, bool flush) {
 
 namespace {
 /// The `basic` channel writes a tensor's bytes from the host: storage that the host cannot address
-/// (cuda memory) needs a device channel, which this build does not have yet.
-Result<void> basic_channel_carries(const std::vector<Tensor>& tensors) {
+/// (cuda memory) must go by a device channel (the agent's: staged, or by reference with `refs`).
+Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span<const std::uint64_t> refs) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        if (!tensors[i].defined()) continue;
+        if (!tensors[i].defined() || (i < refs.size() && refs[i] != 0)) continue;
         const Device d = tensors[i].device();
         if (d.type == DeviceType::cpu) continue;
         auto backend = backend_for(d);
         if (backend && (*backend)->host_accessible()) continue;
         return fail(Errc::device_error, "tensor " + std::to_string(i) + " is on " + d.str() +
-                                            ", whose memory the host cannot address: no channel for it is built yet "
-                                            "(only `basic`, host memory); copy it to the CPU first");
+                                            ", whose memory the host cannot address: a Connection writes host memory "
+                                            "only (the RPC agent's device channels stage or copy device tensors)");
     }
     return ok();
 }
@@ -485,7 +486,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     auto lease = detail::cma::Lease::acquire();
     if (!lease) return std::nullopt;  // every lease of this process is taken: inline
     const std::uint64_t hold = lease->id();
-    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}};
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
     parts.hold = hold;
     parts.by_ref = by_ref;
     Bytes head;
@@ -495,7 +496,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     std::vector<Tensor> held, written;
     for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
     s.stats.cma_sent += held.size();
-    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), std::move(*lease)});
+    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease)});
     s.stats.cma_held = s.holds.size();
     const bool was_empty = s.queue.empty();
     s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});
@@ -509,17 +510,61 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
 }
 }  // namespace
 
+namespace {
+/// Queues a frame whose tensors a device channel prepared: staged ones inline (their sources
+/// named), those with a nonzero ref by reference under a new device hold that keeps `dev.keep`.
+Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
+                               Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
+                               const detail::DeviceParts& dev, bool flush) {
+    const bool refs = std::any_of(dev.refs.begin(), dev.refs.end(), [](std::uint64_t r) { return r != 0; });
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, dev.sources, {}};
+    if (refs) {
+        parts.hold = (std::uint64_t{1} << 63) | ++s.device_holds;
+        parts.refs = dev.refs;
+    }
+    Bytes head;
+    bool inl = false;
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    std::vector<Tensor> written;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (!refs || i >= dev.refs.size() || dev.refs[i] == 0) written.push_back(std::move(tensors[i]));
+    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}});
+    const bool was_empty = s.queue.empty();
+    s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});
+    if (flush && !s.writing && s.queue_written == 0) {
+        s.flush_now();
+        if (!s.open) return fail(s.closed_error());
+    } else if (was_empty) {
+        s.wake.complete_later();
+    }
+    return ok();
+}
+}  // namespace
+
+Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
+                                bool flush) {
+    auto& s = ConnectionAccess::state(c);
+    if (!s.open) return fail(s.closed_error());
+    if (auto c = basic_channel_carries(tensors, dev.refs); !c) return c;
+    ++s.sends;
+    return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);
+}
+
+void detail::release_hold(Connection& c, std::uint64_t hold) { ConnectionAccess::state(c).send_release(hold); }
+
 Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                 std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
     if (!tensors.empty())
-        if (auto c = basic_channel_carries(tensors); !c) return c;
+        if (auto c = basic_channel_carries(tensors, {}); !c) return c;
     ++s.sends;
     if (s.channels.peer_pid() > 0 && !tensors.empty()) {
         if (auto by_ref = send_by_reference(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
     }
-    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}};
+    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
     bool inl = false;
     // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
     // buffer; only a rest the socket does not take is queued for the writer.

@@ -67,6 +67,27 @@ struct ConnectionAccess {
 [[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                       std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
 
+/// What a device channel adds to a frame it prepared (src/rpc/device_channels.hpp).
+struct DeviceParts {
+    /// Per tensor the device it was sent from, when not its own (a staged host copy of a device
+    /// tensor); missing entries: its own.
+    std::vector<Device> sources;
+    /// Per tensor its reference for the peer's device channel (0 or missing: its bytes go inline).
+    /// With any nonzero, the frame goes by reference under a new hold that keeps `keep` until the
+    /// peer's release (or the close). Its tensors with refs need not be host-addressable.
+    std::vector<std::uint64_t> refs;
+    std::shared_ptr<void> keep;
+};
+
+/// As send_parts, for a frame a device channel prepared (no cma: CPU tensors go inline).
+[[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                      std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
+                                      bool flush);
+
+/// Tells the peer that we are done with its hold `hold` (Frame::device_hold): a device channel's
+/// receiver, once its copies of the frame's tensors have run. Nothing when closed.
+void release_hold(Connection& c, std::uint64_t hold);
+
 /// Read hint (docs/protocol.md, "Receiving"): take a read that fills less than the buffer as
 /// draining the socket (recv) instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us
 /// a round trip dearer here). Either way a FIN or reset that arrives with the last bytes of an

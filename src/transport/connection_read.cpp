@@ -359,15 +359,24 @@ Task<Result<Frame>> ConnectionState::read_general() {
     rbeg += h->meta_len;
     if (h->kind == kReleaseFrame)
         co_return fail(broken(Error(Errc::protocol_error, "release frame from " + who() + " names a handler or tensors", peer.name)));
-    // A tensor by reference must be of a pair whose channel is cma (we hold the peer's pid then).
-    for (std::size_t i = 0; i < meta->remote.size(); ++i)
-        if (meta->remote[i] != 0 && (channels.peer_pid() <= 0 ||
-                                     channels.receive_kind(meta->tensors[i].source, meta->tensors[i].target) != ChannelKind::cma))
+    // A tensor by reference must be of a pair whose channel is cma (we hold the peer's pid then)
+    // or cuda_ipc (the agent's device channel resolves it); one frame holds one kind.
+    bool by_cma = false, by_device = false;
+    for (std::size_t i = 0; i < meta->remote.size(); ++i) {
+        if (meta->remote[i] == 0) continue;
+        const ChannelKind k = channels.receive_kind(meta->tensors[i].source, meta->tensors[i].target);
+        const bool cma_ok = k == ChannelKind::cma && channels.peer_pid() > 0;
+        if (!cma_ok && k != ChannelKind::cuda_ipc)
             co_return fail(broken(Error(Errc::protocol_error,
                                         "frame from " + who() + " sends tensor " + std::to_string(i) + " from " +
                                             meta->tensors[i].source.str() + " to " + meta->tensors[i].target.str() +
-                                            " by reference, but that pair did not choose cma",
+                                            " by reference, but that pair chose neither cma nor cuda_ipc",
                                         peer.name)));
+        (cma_ok ? by_cma : by_device) = true;
+    }
+    if (by_cma && by_device)
+        co_return fail(broken(Error(Errc::protocol_error,
+                                    "frame from " + who() + " sends tensors by reference over both cma and cuda_ipc", peer.name)));
     {
         std::uint64_t total = h->payload_len;  // (each is bounded by its own limit: no overflow)
         for (const auto& d : meta->tensors) total += d.nbytes;
@@ -385,11 +394,20 @@ Task<Result<Frame>> ConnectionState::read_general() {
     f.name = std::move(meta->name);
     if (auto r = co_await read_payload(f, h->payload_len, guard.held); !r) co_return fail(r.error());
     f.tensors.reserve(meta->tensors.size());
+    f.targets.reserve(meta->tensors.size());
+    for (const auto& d : meta->tensors) f.targets.push_back(d.target);
+    if (by_device) f.device_hold = meta->hold;
     for (std::size_t i = 0; i < meta->tensors.size(); ++i) {
         const TensorDesc& desc = meta->tensors[i];
-        // Bytes by reference (cma) are not on the stream: nothing to skip.
+        // Bytes by reference (cma, cuda_ipc) are not on the stream: nothing to skip.
         const std::uint64_t remote = i < meta->remote.size() ? meta->remote[i] : 0;
         const std::size_t on_stream = remote != 0 ? 0 : desc.nbytes;
+        if (remote != 0 && by_device) {
+            // The agent's device channel copies it (and releases the hold when its copies ran).
+            f.device_refs.push_back(DeviceRef{i, desc, remote});
+            f.tensors.emplace_back();
+            continue;
+        }
         // Once one part of the frame is refused, the rest is read and dropped: the frame is
         // answered with that error.
         if (f.alloc_error) {
@@ -431,7 +449,7 @@ Task<Result<Frame>> ConnectionState::read_general() {
         }
         f.tensors.push_back(std::move(*t));
     }
-    if (meta->hold != 0) {
+    if (meta->hold != 0 && by_cma) {
         if (!f.alloc_error && !cma::lease_held(channels.peer_pid(), channels.peer_lease_table(), meta->hold)) {
             // The sender let go of the tensors while we read them (it closed the connection): what
             // we read may be memory it freed or reused. The frame fails; there is nothing to release.

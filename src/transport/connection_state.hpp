@@ -104,10 +104,14 @@ struct ConnectionState {
     /// Which channel carries each tensor's bytes (set when the handshake is done).
     ChannelTable channels;
     /// Tensors the peer reads from our memory (cma), under a lease whose id is the frame's hold.
+    /// Device channels' holds (cuda_ipc) keep `keep` (outbox ranges) instead, under ids with the
+    /// top bit set (device_holds counts them).
     struct Hold {
         std::vector<Tensor> tensors;
+        std::shared_ptr<void> keep;
         cma::Lease lease;  ///< declared last: let go (its word cleared) before the tensors go
     };
+    std::uint64_t device_holds = 0;
     /// Our holds by id, until the peer's release frame or the close.
     std::unordered_map<std::uint64_t, Hold> holds;
 

@@ -92,11 +92,14 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
     w.le(static_cast<std::uint32_t>(frame.tensors.size()));
     for (std::size_t i = 0; i < frame.tensors.size(); ++i) {
         const Tensor& t = frame.tensors[i];
-        w.le(static_cast<std::uint8_t>(t.dtype())).device(t.device()).device(i < frame.targets.size() ? frame.targets[i] : t.device());
+        const Device source = i < frame.sources.size() ? frame.sources[i] : t.device();
+        w.le(static_cast<std::uint8_t>(t.dtype())).device(source).device(i < frame.targets.size() ? frame.targets[i] : t.device());
         w.le(static_cast<std::uint8_t>(t.shape().size()));
         for (auto d : t.shape()) w.le(static_cast<std::uint64_t>(d));
         w.le(static_cast<std::uint64_t>(t.nbytes()));
-        if (refs) {
+        if (refs && !frame.refs.empty()) {
+            w.le(i < frame.refs.size() ? frame.refs[i] : std::uint64_t{0});
+        } else if (refs) {
             const bool ref = i < frame.by_ref.size() && frame.by_ref[i];
             w.le(ref ? static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.data())) : std::uint64_t{0});
         }

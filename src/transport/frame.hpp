@@ -55,6 +55,12 @@ struct FrameParts {
     /// which tensors the peer reads from our memory (their bytes are not written).
     std::uint64_t hold = 0;
     std::span<const std::uint8_t> by_ref;
+    /// Where each tensor is held at the sender, when not its own device (a device channel's staged
+    /// copy in host memory names the device it came from); missing entries: its own device.
+    std::span<const Device> sources;
+    /// With `hold`: instead of by_ref, the reference each tensor goes by (0: inline), which the
+    /// peer's device channel resolves (cuda_ipc: an outbox range and event).
+    std::span<const std::uint64_t> refs;
 };
 
 /// Encodes header + meta (+ the payload when it is small: `payload_inline` says so) into `out`
@@ -63,7 +69,8 @@ struct FrameParts {
                                              bool& payload_inline);
 [[nodiscard]] inline Result<void> encode_frame_head(const Frame& f, const ConnectionLimits& limits, Bytes& out,
                                                     bool& payload_inline) {
-    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets, 0, {}}, limits, out, payload_inline);
+    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets, 0, {}, {}, {}}, limits, out,
+                             payload_inline);
 }
 /// The common metadata block, read without allocating: a name and no tensors. False when the
 /// block is anything else (decode_frame_meta then says what it is).
@@ -99,7 +106,7 @@ inline constexpr std::uint32_t kMaxHelloTransports = 16;
 inline constexpr std::uint32_t kMaxHelloChannels = 64;
 inline constexpr std::uint32_t kMaxAnswerChannels = 256;
 inline constexpr std::size_t kMaxOfferField = 256;  ///< a name, domain, address or device type
-inline constexpr std::size_t kMaxChannelParamsField = 1024;  ///< a channel offer's parameters
+inline constexpr std::size_t kMaxChannelParamsField = 16 * 1024;  ///< a channel offer's parameters (cuda_ipc: per device an outbox and its events)
 
 /// A hello as it is on the wire: what the side says about itself (with its transport and channel
 /// offers), how it authenticates, from the server the step the handshake is at and, unless it

@@ -2,6 +2,8 @@
 // same-host domain descriptor, and Address parsing.
 #include "transport/transport.hpp"
 
+#include <tensorplay/config.hpp>
+
 #include <tensorplay/core/log.hpp>
 
 #include <sys/stat.h>
@@ -134,9 +136,22 @@ void log_unbuilt_once(const std::string& name, const Error& why) {
 
 std::span<const std::string_view> known_transports() noexcept { return kTransports; }
 std::span<const std::string_view> known_channels() noexcept { return kChannels; }
+
+namespace {
+std::string available_channels() {
+    std::string s;
+    for (auto c : kChannels)
+        if (channel_available(c)) s += (s.empty() ? "" : ", ") + std::string(c);
+    return s;
+}
+}  // namespace
 bool channel_available(std::string_view name) noexcept {
 #if defined(__linux__)
     if (name == "cma") return true;  // (viability is decided per peer at connection setup)
+#endif
+#if TP_HAS_CUDA
+    // The agent's device channels: offered when it has cuda devices (rpc/device_channels.cpp).
+    if (name == "cuda_ipc" || name == "cuda_basic") return true;
 #endif
     return name == "basic";
 }
@@ -216,7 +231,7 @@ Result<std::vector<std::string>> select_channels(const std::optional<std::vector
         if (out.empty()) {
             std::string asked;
             for (const auto& n : *wanted) asked += (asked.empty() ? "" : ", ") + n;
-            return fail(Errc::not_supported, "none of the _channels [" + asked + "] is available in this agent (available: cma, basic)");
+            return fail(Errc::not_supported, "none of the _channels [" + asked + "] is available in this agent (available: " + available_channels() + ")");
         }
         return out;
     }

@@ -1,4 +1,5 @@
-// Tests of the cuda backend: loading, devices, memory, copies, ordering across streams, errors.
+// Tests of the cuda backend: loading, devices, memory, copies, ordering across streams, errors,
+// interprocess memory and events.
 // Run against the fake runtime (TP_CUDART, the normal suite) and the real one (`cuda` suite, [fake]
 // cases excluded).
 #include "cuda_support.hpp"
@@ -8,7 +9,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace tensorplay;
@@ -353,4 +357,208 @@ TEST_CASE("the fake runtime shares device memory between processes through IPC h
     REQUIRE(b.copy_async(*s, now.data(), static_cast<std::uint8_t*>(p), now.size()));
     sync(b, *s);
     CHECK(now == pattern(4096, 2));  // the child's write
+}
+
+namespace {
+IpcHandle from_hex(const std::string& text) {
+    IpcHandle h{};
+    for (std::size_t i = 0; i < h.size() && 2 * i + 1 < text.size(); ++i)
+        h[i] = static_cast<std::uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+    return h;
+}
+// The steps of a two-process test, as empty files in a shared directory.
+void mark_step(const std::string& dir, const std::string& name) { std::ofstream(dir + "/" + name).close(); }
+// Waits until the step `name` is marked; false when `child` ended without marking it, or after 20 s.
+bool await_step(const std::string& dir, const std::string& name, Child* child = nullptr) {
+    const std::string path = dir + "/" + name;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (::access(path.c_str(), F_OK) != 0) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        int st = 0;
+        if (child != nullptr && !child->done && ::waitpid(child->pid, &st, WNOHANG) == child->pid) {
+            child->done = true;
+            child->status = st;
+            return ::access(path.c_str(), F_OK) == 0;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    return true;
+}
+constexpr std::size_t ipc_bytes = 256 << 10;
+}  // namespace
+
+// The second process of the backend's IPC test: maps the parent's exportable memory and opens its
+// event (handles in TP_TEST_IPC_MEM / TP_TEST_IPC_EVENT), then, for each of the parent's records
+// ("recorded<i>" in TP_TEST_IPC_DIR), waits on the event and copies the memory out; the copy must
+// see what the parent wrote before that record (pattern i).
+TEST_CASE("ipc backend child", "[.ipc_backend_child]") {
+    const std::string dir = std::getenv("TP_TEST_IPC_DIR");
+    auto& b = cuda();
+    const long imports = fake().present ? fake().live_imports() : 0;
+    auto mem = b.open_memory(Device::cuda(0), from_hex(std::getenv("TP_TEST_IPC_MEM")), ipc_bytes);
+    REQUIRE(mem);
+    CHECK((*mem)->device() == Device::cuda(0));
+    CHECK((*mem)->size() == ipc_bytes);
+    CHECK((*mem)->data() != nullptr);
+    if (fake().present) CHECK(fake().live_imports() == imports + 1);
+    auto ev = b.open_ipc_event(Device::cuda(0), from_hex(std::getenv("TP_TEST_IPC_EVENT")));
+    REQUIRE(ev);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto got = b.allocate_host(ipc_bytes);  // pinned: a copy to pageable memory would block the caller
+    REQUIRE(got);
+    for (int round = 1; round <= 2; ++round) {
+        const auto i = std::to_string(round);
+        REQUIRE(await_step(dir, "recorded" + i));
+        std::memset((*got)->data(), 0xee, ipc_bytes);
+        REQUIRE(b.wait_event(*s, *ev));
+        REQUIRE(b.copy_async(*s, (*got)->data(), (*mem)->data(), ipc_bytes));
+        mark_step(dir, "queued" + i);  // the parent lets its copy and record run only now
+        sync(b, *s);
+        CHECK(std::memcmp((*got)->data(), pattern(ipc_bytes, round).data(), ipc_bytes) == 0);
+        mark_step(dir, "checked" + i);
+    }
+    mem->reset();
+    if (fake().present) CHECK(fake().live_imports() == imports);  // unmapped with the last reference
+}
+
+TEST_CASE("exportable memory and a re-recorded interprocess event order another process's reads", "[cuda][ipc]") {
+    auto& b = cuda();
+    const Device dev = Device::cuda(0);
+    auto mem = b.allocate_exportable(dev, ipc_bytes);
+    REQUIRE(mem);
+    CHECK((*mem)->device() == dev);
+    CHECK((*mem)->size() == ipc_bytes);
+    auto s = b.acquire_stream(dev);
+    REQUIRE(s);
+    auto staged = b.allocate_host(ipc_bytes);
+    REQUIRE(staged);
+    std::memset((*staged)->data(), 0, ipc_bytes);
+    REQUIRE(b.copy_async(*s, (*mem)->data(), (*staged)->data(), ipc_bytes));
+    sync(b, *s);
+    auto mh = b.export_memory(**mem);
+    REQUIRE(mh);
+    auto ipc = b.create_ipc_event(dev);
+    REQUIRE(ipc);
+
+    char tmpl[] = "/tmp/tp-ipc-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    const std::string dir = tmpl;
+    char self[4096];
+    const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(len > 0);
+    self[len] = '\0';
+    std::vector<Child> child;
+    auto step = [&](const std::string& name) {
+        if (await_step(dir, name, &child[0])) return;
+        wait_all(child, 1s);
+        FAIL("the child did not reach " << name << ": " << child[0].describe());
+    };
+    for (int round = 1; round <= 2; ++round) {
+        const auto i = std::to_string(round);
+        // The stream is held until the child has queued its wait and copy: without the wait, the
+        // child would read the previous contents.
+        StreamHold hold(b, *s);
+        std::memcpy((*staged)->data(), pattern(ipc_bytes, round).data(), ipc_bytes);
+        REQUIRE(b.copy_async(*s, (*mem)->data(), (*staged)->data(), ipc_bytes));
+        REQUIRE(b.record_again(*s, ipc->first));
+        mark_step(dir, "recorded" + i);
+        if (round == 1)
+            child.push_back(spawn({self, "[.ipc_backend_child]"}, {"TP_TEST_IPC_MEM=" + to_hex(*mh), "TP_TEST_IPC_EVENT=" +
+                                                                   to_hex(ipc->second), "TP_TEST_IPC_DIR=" + dir}));
+        step("queued" + i);
+        std::this_thread::sleep_for(50ms);  // the child's copy would have run by now without its wait
+        hold.release();
+        step("checked" + i);
+        sync(b, *s);  // (the staging buffer is rewritten next round)
+    }
+    wait_all(child, 20s);
+    std::filesystem::remove_all(dir);
+    INFO(child[0].describe());
+    REQUIRE(child[0].exited_ok());
+}
+
+TEST_CASE("export_memory and record_again refuse what the matching allocate/create did not make", "[cuda][ipc]") {
+    auto& b = cuda();
+    auto pooled = b.allocate(Device::cuda(0), 4096);
+    REQUIRE(pooled);
+    auto r = b.export_memory(**pooled);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == Errc::invalid_argument);
+    CHECK_THAT(r.error().message(), Catch::Contains("allocate_exportable"));
+    auto pinned = b.allocate_host(64);
+    REQUIRE(pinned);
+    CHECK(b.export_memory(**pinned).error().code() == Errc::invalid_argument);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto plain = b.record_event(*s);
+    REQUIRE(plain);
+    auto again = b.record_again(*s, *plain);
+    REQUIRE_FALSE(again);
+    CHECK(again.error().code() == Errc::invalid_argument);
+    CHECK_THAT(again.error().message(), Catch::Contains("create_ipc_event"));
+    CHECK(b.record_again(*s, Event{}).error().code() == Errc::invalid_argument);
+    if (b.device_count() > 1) {
+        auto ipc = b.create_ipc_event(Device::cuda(1));
+        REQUIRE(ipc);
+        CHECK(b.record_again(*s, ipc->first).error().code() == Errc::invalid_argument);  // another device's event
+    }
+    auto empty_mem = b.allocate_exportable(Device::cuda(0), 0);
+    REQUIRE(empty_mem);
+    CHECK((*empty_mem)->size() == 0);
+    CHECK(b.export_memory(**empty_mem));
+    CHECK(b.allocate_exportable(Device::cuda(b.device_count()), 16).error().code() == Errc::device_error);
+}
+
+TEST_CASE("opening a garbage memory handle is a device_error naming cudaIpcOpenMemHandle", "[cuda][fake][ipc]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    IpcHandle garbage;
+    garbage.fill(0x5a);
+    const long imports = fake().live_imports();
+    auto r = b.open_memory(Device::cuda(0), garbage, 4096);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == Errc::device_error);
+    CHECK_THAT(r.error().message(), Catch::Contains("cudaIpcOpenMemHandle") && Catch::Contains("cuda:0"));
+    CHECK(fake().live_imports() == imports);
+    REQUIRE(b.allocate(Device::cuda(0), 16));  // not sticky
+}
+
+TEST_CASE("can_access_peer: the same device always, cuda peers as the runtime says", "[cuda][ipc]") {
+    auto& b = cuda();
+    auto same = b.can_access_peer(Device::cuda(0), Device::cuda(0));
+    REQUIRE(same);
+    CHECK(*same);
+    if (b.device_count() > 1) {
+        auto peer = b.can_access_peer(Device::cuda(0), Device::cuda(1));
+        REQUIRE(peer);
+        if (fake().present) CHECK(*peer);
+    }
+    auto missing = b.can_access_peer(Device::cuda(0), Device::cuda(b.device_count()));
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().code() == Errc::device_error);
+    CHECK(b.can_access_peer(Device::cpu(), Device::cuda(0)).error().code() == Errc::device_error);
+}
+
+TEST_CASE("the other backends: can_access_peer of their own devices, no device-memory IPC", "[cuda][ipc]") {
+    auto& cpu = cpu_backend();
+    CHECK(*cpu.can_access_peer(Device::cpu(), Device::cpu()));
+    CHECK(cpu.can_access_peer(Device::cpu(), Device::cuda(0)).error().code() == Errc::device_error);
+    CHECK(cpu.allocate_exportable(Device::cpu(), 16).error().code() == Errc::not_supported);
+    CHECK(cpu.open_memory(Device::cpu(), IpcHandle{}, 16).error().code() == Errc::not_supported);
+    CHECK(cpu.create_ipc_event(Device::cpu()).error().code() == Errc::not_supported);
+    auto host = cpu.allocate(Device::cpu(), 16);
+    REQUIRE(host);
+    CHECK(cpu.export_memory(**host).error().code() == Errc::not_supported);
+    CHECK(cpu.record_again(*cpu.default_stream(Device::cpu()), Event{}).error().code() == Errc::not_supported);
+
+    auto& sim = install_sim_backend(2);
+    auto peer = sim.can_access_peer(Device::cuda(0), Device::cuda(1));
+    auto missing = sim.can_access_peer(Device::cuda(0), Device::cuda(2));
+    auto exportable = sim.allocate_exportable(Device::cuda(0), 16);
+    uninstall_sim_backend();
+    REQUIRE(peer);
+    CHECK(*peer);
+    CHECK(missing.error().code() == Errc::device_error);
+    CHECK(exportable.error().code() == Errc::not_supported);
 }

@@ -30,6 +30,7 @@ struct FakeCuda {
     long (*host_alloc_calls)() = nullptr;
     long (*live_host_allocations)() = nullptr;
     long (*wrong_device_calls)() = nullptr;
+    long (*live_imports)() = nullptr;
     int (*set_device)(int) = nullptr;  // the fake's cudaSetDevice / cudaGetDevice
     int (*get_device)(int*) = nullptr;
 };
@@ -51,6 +52,7 @@ inline const FakeCuda& fake() {
         get(r.host_alloc_calls, "fake_cuda_host_alloc_calls");
         get(r.live_host_allocations, "fake_cuda_live_host_allocations");
         get(r.wrong_device_calls, "fake_cuda_wrong_device_calls");
+        get(r.live_imports, "fake_cuda_live_imports");
         get(r.set_device, "cudaSetDevice");
         get(r.get_device, "cudaGetDevice");
         r.present = true;

@@ -1,15 +1,58 @@
-// Tensors whose memory the host cannot address (cuda, here on the fake CUDA runtime, a test
-// double loaded through TP_CUDART): the `basic` channel refuses them with device_error instead of
-// reading device pointers as host memory; the call fails alone and the connection goes on.
+// CUDA tensors in one process's agents (on the fake CUDA runtime, a test double loaded through
+// TP_CUDART): a tensor with no device map is refused naming worker and device; and a hostile peer
+// that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
+// offer that does not decode) loses its own connection, while the group goes on. The two-process
+// tests of the device channels are cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
 
 #include <tensorplay/device/backend.hpp>
 
+#include "rpc/device_outbox.hpp"
+#include "transport/connection_ext.hpp"
+#include "transport/transport.hpp"
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
-TEST_CASE("a cuda tensor in a call is refused with device_error until a device channel exists; the link goes on",
-          "[rpc][agent][device]") {
+namespace {
+
+Task<void> calls_work(test::AgentGroup& g) {
+    for (int from = 0; from < 2; ++from) {
+        auto r = co_await g[from]->rpc_async(test::worker_name(1 - from), "echo", test::text_message("ping"));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("ping"));
+    }
+}
+
+/// A connection to `address` that says it is worker1 and offers cuda_ipc with `params`.
+Task<Result<std::shared_ptr<Connection>>> impostor(std::string address, std::string params) {
+    const auto colon = address.rfind(':');
+    HelloInfo h;
+    h.name = "worker1";
+    h.rank = 1;
+    h.channels = {ChannelOffer{"basic", "cpu", "any"},
+                  ChannelOffer{"cuda_ipc", "cuda", "cuda_ipc:" + detail::same_host_domain(), std::move(params)}};
+    auto c = Connection::connect(address.substr(0, colon), static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))), h,
+                                 ConnectionLimits{});
+    co_return co_await std::move(c);
+}
+
+/// Sends a request for "echo" whose one cuda tensor goes by the cuda_ipc reference `ref`.
+Result<void> send_ref(Connection& c, std::uint64_t ref) {
+    auto t = empty(Device::cuda(0), DType::uint8, {4096});
+    if (!t) return fail(t.error());
+    std::vector<Tensor> tensors{*t};
+    std::vector<Device> targets{Device::cuda(0)};
+    detail::DeviceParts parts;
+    parts.sources = {Device::cuda(0)};
+    parts.refs = {ref};
+    Bytes payload = bytes("x");
+    return detail::send_parts(c, FrameKind::request, 1, "echo", payload, tensors, targets, parts, true);
+}
+
+}  // namespace
+
+TEST_CASE("a cuda tensor without a device map to the callee is refused, naming the worker and the device", "[rpc][agent][device]") {
     if (cuda_device_count() < 1) {
         WARN("no cuda device (the fake runtime was not loaded): skipped");
         return;
@@ -26,10 +69,52 @@ TEST_CASE("a cuda tensor in a call is refused with device_error until a device c
         CHECK(r.error().code() == Errc::device_error);
         INFO(r.error().to_string());
         CHECK(r.error().to_string().find("cuda:0") != std::string::npos);
-        // The same link serves the next call.
-        auto ok_call = co_await g[0]->rpc_async(test::worker_name(1), "echo", test::text_message("cpu only"));
-        REQUIRE(ok_call);
-        CHECK(to_string(ok_call->payload) == "cpu only");
+        CHECK(r.error().to_string().find("worker1") != std::string::npos);
+        CHECK(r.error().to_string().find("set_device_map") != std::string::npos);
+        co_await calls_work(g);
+        auto down = co_await test::shutdown_all(g);
+        for (auto& d : down) CHECK(d);
+    });
+}
+
+TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only", "[rpc][agent][device][hostile]") {
+    if (cuda_device_count() < 1) {
+        WARN("no cuda device (the fake runtime was not loaded): skipped");
+        return;
+    }
+    test::run_with_deadline(30s, []() -> Task<void> {
+        auto g = co_await test::make_group(2, [](int, TensorPipeRpcBackendOptions& o) { o.devices = {Device::cuda(0)}; });
+        test::register_echo(g);
+        // An offer with one device whose outbox has 1 MiB and one event.
+        detail::IpcDeviceParams dev;
+        dev.index = 0;
+        dev.bus_id = "0000:00:00.0";
+        dev.outbox = true;
+        dev.size = 1 << 20;
+        dev.events.resize(1);
+        const std::string good_params = detail::encode_ipc_params({dev});
+        struct Case {
+            const char* what;
+            std::string params;
+            std::uint64_t ref;
+        };
+        const std::vector<Case> cases{
+            {"a reference without its marker", good_params, std::uint64_t{4096} << 16},
+            {"a range past the outbox", good_params, detail::encode_ipc_ref(std::size_t{1} << 20, 0)},
+            {"an event the offer does not have", good_params, detail::encode_ipc_ref(0, 3)},
+            {"an offer that does not decode", std::string("\x07garbage", 8), detail::encode_ipc_ref(0, 0)},
+        };
+        for (const auto& c : cases) {
+            INFO(c.what);
+            auto conn = co_await impostor(g[0]->listen_address(), c.params);
+            REQUIRE(conn);
+            REQUIRE((*conn)->negotiated().channels.size() >= 1);
+            REQUIRE(send_ref(**conn, c.ref));
+            auto got = co_await (*conn)->receive();  // (the agent closes it instead of answering)
+            CHECK_FALSE(got);
+            CHECK_FALSE((*conn)->is_open());
+            co_await calls_work(g);
+        }
         auto down = co_await test::shutdown_all(g);
         for (auto& d : down) CHECK(d);
     });

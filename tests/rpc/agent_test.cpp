@@ -300,14 +300,14 @@ TEST_CASE("_transports and _channels must name one that the agent has", "[rpc][a
     test::run_with_deadline(10s, [&]() -> Task<void> {
         // (arguments built first: GCC 12 destroys temporaries of a co_await expression twice)
         using Names = std::optional<std::vector<std::string>>;
-        Names ibv = std::vector<std::string>{"ibv"}, cuda_ipc = std::vector<std::string>{"cuda_ipc"};
+        Names ibv = std::vector<std::string>{"ibv"}, cuda_gdr = std::vector<std::string>{"cuda_gdr", "xth"};
         Names shm_uv = std::vector<std::string>{"shm", "uv"}, cma_basic = std::vector<std::string>{"cma", "basic"}, none;
         auto a = co_await start_alone(ibv, none);
         REQUIRE_FALSE(a);
         CHECK(a.error().code() == Errc::not_supported);
         CHECK(a.error().message().find("[ibv]") != std::string::npos);
         CHECK(a.error().message().find("available: shm, uds, uv") != std::string::npos);
-        auto b = co_await start_alone(none, cuda_ipc);
+        auto b = co_await start_alone(none, cuda_gdr);  // (recognised, not built)
         REQUIRE_FALSE(b);
         CHECK(b.error().message().find("_channels") != std::string::npos);
         // TensorPipe's names for what the agent has are accepted.

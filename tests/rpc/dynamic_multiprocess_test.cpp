@@ -185,38 +185,6 @@ Task<int> member(Child c) {
     co_return s ? 0 : 46;
 }
 
-int run_child(Task<int> body, std::chrono::seconds limit) {
-    int code = 99;
-    {
-        asio::io_context ctx(1);
-        asio::co_spawn(ctx, std::move(body), [&code](std::exception_ptr e, int c) { code = e ? 98 : c; });
-        ctx.run_for(limit);
-    }
-    return code;
-}
-
-/// The external store, in its own process; its port comes back through `port_pipe`.
-pid_t spawn_store(std::uint16_t& port) {
-    int p[2];
-    REQUIRE(::pipe(p) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        asio::io_context ctx(1);
-        TcpStoreServerOptions so;
-        so.host = "127.0.0.1";
-        auto server = TcpStoreServer::start(ctx.get_executor(), so);
-        if (!server) ::_exit(2);
-        const std::uint16_t bound = (*server)->port();
-        if (::write(p[1], &bound, sizeof bound) != sizeof bound) ::_exit(3);
-        ctx.run_for(60s);
-        ::_exit(0);
-    }
-    ::close(p[1]);
-    REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
-    ::close(p[0]);
-    return pid;
-}
 
 struct Run {
     pid_t store = -1;
@@ -227,7 +195,7 @@ struct Run {
 Run start(Scenario scenario, std::vector<int> ranks) {
     Run run;
     std::uint16_t port = 0;
-    run.store = spawn_store(port);
+    run.store = test::spawn_store(port);
     int n[2];
     REQUIRE(::pipe(n) == 0);
     run.notify_read = n[0];
@@ -236,7 +204,7 @@ Run start(Scenario scenario, std::vector<int> ranks) {
         REQUIRE(pid >= 0);
         if (pid == 0) {
             ::close(n[0]);
-            ::_exit(run_child(member(Child{scenario, r, port, n[1]}), 45s));
+            ::_exit(test::run_child(member(Child{scenario, r, port, n[1]}), 45s));
         }
         run.members.push_back(pid);
     }

@@ -2,6 +2,14 @@
 #pragma once
 
 #include <tensorplay/core/timeout.hpp>
+#include <tensorplay/store/tcp_store.hpp>
+
+#include <tensorplay/core/task.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -51,6 +59,41 @@ inline std::vector<int> reap(const std::vector<pid_t>& pids, std::chrono::second
     for (int fd : fds)
         if (fd >= 0) ::close(fd);
     return codes;
+}
+
+/// Runs `body` on a fresh event loop for at most `limit`: its result, 98 for an exception, 99 when
+/// it did not finish in time. For a forked child's main.
+inline int run_child(Task<int> body, std::chrono::seconds limit) {
+    int code = 99;
+    {
+        asio::io_context ctx(1);
+        asio::co_spawn(ctx, std::move(body), [&code](std::exception_ptr e, int c) { code = e ? 98 : c; });
+        ctx.run_for(limit);
+    }
+    return code;
+}
+
+/// A TCP store server in its own process (it lives 60 s at most); its port comes back in `port`.
+inline pid_t spawn_store(std::uint16_t& port) {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        asio::io_context ctx(1);
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        auto server = TcpStoreServer::start(ctx.get_executor(), so);
+        if (!server) ::_exit(2);
+        const std::uint16_t bound = (*server)->port();
+        if (::write(p[1], &bound, sizeof bound) != sizeof bound) ::_exit(3);
+        ctx.run_for(std::chrono::seconds(60));
+        ::_exit(0);
+    }
+    ::close(p[1]);
+    REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
+    ::close(p[0]);
+    return pid;
 }
 
 }  // namespace tensorplay::test

@@ -498,7 +498,7 @@ TEST_CASE("a peer that sends by reference without cma, or releases an unknown ho
         REQUIRE_FALSE(f);
         INFO(f.error().to_string());
         CHECK(f.error().code() == Errc::protocol_error);
-        CHECK(f.error().message().find(release ? "do not hold" : "did not choose cma") != std::string::npos);
+        CHECK(f.error().message().find(release ? "do not hold" : "chose neither cma nor cuda_ipc") != std::string::npos);
         CHECK_FALSE(conn->is_open());
     });
 }

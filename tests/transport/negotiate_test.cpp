@@ -7,6 +7,8 @@
 #include "transport/transport.hpp"
 #include "transport/transport_test_util.hpp"
 
+#include <tensorplay/config.hpp>
+
 #include <asio/detached.hpp>
 
 using namespace tensorplay;
@@ -207,10 +209,16 @@ TEST_CASE("a TCP negotiation that chooses uds reconnects over the Unix socket", 
 TEST_CASE("channels: cma before basic by default, _channels restricts and orders", "[transport][negotiation]") {
     CHECK(detail::channel_available("cma"));
     CHECK(detail::channel_available("basic"));
-    CHECK_FALSE(detail::channel_available("cuda_ipc"));
     auto all = detail::select_channels(std::nullopt);
     REQUIRE(all);
+#if TP_HAS_CUDA
+    // (The device channels are built with CUDA; the agent offers them when it has cuda devices.)
+    CHECK(detail::channel_available("cuda_ipc"));
+    CHECK(*all == std::vector<std::string>{"cma", "basic", "cuda_ipc", "cuda_basic"});
+#else
+    CHECK_FALSE(detail::channel_available("cuda_ipc"));
     CHECK(*all == std::vector<std::string>{"cma", "basic"});
+#endif
     auto basic = detail::select_channels(std::vector<std::string>{"basic"});
     REQUIRE(basic);
     CHECK(*basic == std::vector<std::string>{"basic"});

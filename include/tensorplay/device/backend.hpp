@@ -46,8 +46,8 @@ private:
     std::shared_ptr<detail::EventState> state_;
 };
 
-/// An opaque interprocess handle (of a CUDA event), 64 bytes, to send to another
-/// process on the same host.
+/// An opaque interprocess handle (of a CUDA event or of device memory), 64 bytes, to send to
+/// another process on the same host.
 using IpcHandle = std::array<std::uint8_t, 64>;
 
 /// What a device reports about itself.
@@ -114,6 +114,26 @@ public:
     /// Opens another process's event handle on `device`: wait_event/wait on it order after that
     /// process's work. Errc::not_supported elsewhere.
     [[nodiscard]] virtual Result<Event> open_ipc_event(Device device, const IpcHandle& handle);
+    /// Device memory another process on this host can map (cuda: cudaMalloc, not stream-ordered);
+    /// freed when the last reference goes. Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_exportable(Device device, std::size_t nbytes);
+    /// The interprocess handle of storage from allocate_exportable (cuda: cudaIpcGetMemHandle).
+    /// Errc::invalid_argument for other storage; Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<IpcHandle> export_memory(Storage& storage);
+    /// Maps another process's exported memory (its handle, `nbytes` long) for use on `device`
+    /// (peer access enabled lazily); unmapped when the last reference goes. Opening and closing
+    /// synchronise the device: open once per peer. cuda: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle.
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> open_memory(Device device, const IpcHandle& handle, std::size_t nbytes);
+    /// Whether work on `device` can read and write memory of `peer`: true for the same device; cuda:
+    /// cudaDeviceCanAccessPeer; sim: true for any two of its devices; cpu: the same device only.
+    [[nodiscard]] virtual Result<bool> can_access_peer(Device device, Device peer);
+    /// An interprocess event that is not recorded yet, with its handle (another process opens it
+    /// once with open_ipc_event), to be recorded again and again with record_again. cuda only.
+    [[nodiscard]] virtual Result<std::pair<Event, IpcHandle>> create_ipc_event(Device device);
+    /// Records `event` (from create_ipc_event) again on `stream`: a wait_event on it made after this
+    /// call (here or through another process's opened handle) orders after the work queued on
+    /// `stream` so far. Do not use ready()/wait() on such an event. cuda only.
+    [[nodiscard]] virtual Result<void> record_again(Stream stream, const Event& event);
     /// Makes work queued on `stream` after this call wait for `event` (from any stream of this
     /// backend). Does not block the caller.
     [[nodiscard]] virtual Result<void> wait_event(Stream stream, const Event& event) = 0;

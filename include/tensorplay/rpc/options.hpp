@@ -51,8 +51,9 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     std::optional<std::vector<std::string>> transports;
     /// Channels to use, highest priority first; nullopt: every channel built in. Names are
     /// TensorPipe's (basic, cma, mpt_uv, xth, cuda_basic, cuda_ipc, cuda_xth, cuda_gdr); the native
-    /// agent builds "basic". An unknown name is invalid_argument; a list without a built channel
-    /// fails init with not_supported.
+    /// agent builds basic and cma (CPU), cuda_ipc and cuda_basic (CUDA builds; offered with cuda
+    /// devices). An unknown name is invalid_argument; a list without a built channel fails init
+    /// with not_supported.
     std::optional<std::vector<std::string>> channels;
     /// Address the TCP (uv) transport listens on ("host", "host:port"; "unix:/path" is not
     /// supported); empty: chosen automatically (TP_SOCKET_IFNAME, the host name's address).

@@ -144,9 +144,18 @@ struct TensorDesc {
     Device target;  ///< where the receiver should put it
 };
 
+/// A tensor of a received frame that a device channel carries by reference (cuda_ipc): its bytes
+/// are not on the connection; the receiver resolves `ref` (docs/protocol.md, "Channels").
+struct DeviceRef {
+    std::size_t index = 0;  ///< its place in Frame::tensors (left undefined there)
+    TensorDesc desc;
+    std::uint64_t ref = 0;
+};
+
 /// One message on a connection. `id` matches a response to its request; `name` is the handler.
 /// When sending, `targets[i]` is where tensor i should land (missing entries: its own device).
-/// When receiving, `tensors` were allocated by the connection's allocator on their targets.
+/// When receiving, `tensors` were allocated by the connection's allocator for their targets, and
+/// `targets[i]` is the target the sender asked for.
 struct Frame {
     FrameKind kind = FrameKind::request;
     std::uint64_t id = 0;
@@ -157,6 +166,10 @@ struct Frame {
     /// Receive side only: set when the allocator refused a tensor (its bytes were skipped and
     /// `tensors` is incomplete); the connection stays usable.
     std::optional<Error> alloc_error;
+    /// Receive side only: the tensors a device channel carries, and the sender's hold on them,
+    /// which the receiver releases once it has copied them (nonzero only with device_refs).
+    std::vector<DeviceRef> device_refs;
+    std::uint64_t device_hold = 0;
 };
 
 /// Allocates the destination of an incoming tensor (called on the connection's executor).

@@ -26,8 +26,10 @@ long fake_cuda_live_allocations(int device);
 /** Calls of cudaHostAlloc so far, and live pinned host allocations. */
 long fake_cuda_host_alloc_calls(void);
 long fake_cuda_live_host_allocations(void);
-/** Calls that used a stream, event or pool of one device while another device was current. */
+/** Calls that used a stream, event, pool or memory of one device while another device was current. */
 long fake_cuda_wrong_device_calls(void);
+/** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */
+long fake_cuda_live_imports(void);
 
 #ifdef __cplusplus
 }

@@ -28,10 +28,11 @@ State& state() {
 
 namespace {
 struct Keys {
-    pthread_key_t device, error;
+    pthread_key_t device, error, callback;
     Keys() {
         pthread_key_create(&device, nullptr);
         pthread_key_create(&error, nullptr);
+        pthread_key_create(&callback, nullptr);
     }
 };
 const Keys& keys() {
@@ -44,6 +45,9 @@ int current_device() { return static_cast<int>(reinterpret_cast<std::intptr_t>(p
 void set_current_device(int d) { pthread_setspecific(keys().device, reinterpret_cast<void*>(static_cast<std::intptr_t>(d))); }
 cudaError_t last_error() { return static_cast<cudaError_t>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().error))); }
 void set_last_error(cudaError_t e) { pthread_setspecific(keys().error, reinterpret_cast<void*>(static_cast<std::intptr_t>(e))); }
+
+bool in_callback() { return pthread_getspecific(keys().callback) != nullptr; }
+void set_in_callback(bool on) { pthread_setspecific(keys().callback, on ? reinterpret_cast<void*>(1) : nullptr); }
 
 cudaError_t set_error(cudaError_t e) {
     if (e != cudaSuccess) set_last_error(e);
@@ -152,7 +156,7 @@ void worker(CUstream_st* s) {
         if (sticky(s->device) != cudaSuccess) continue;  // a faulted context runs nothing more
         if (op.wait_for) {
             std::unique_lock lock(st.mutex);
-            while (op.wait_for->completed.load() < op.wait_target && sticky(s->device) == cudaSuccess)
+            while (!op.wait_for->complete(op.wait_target) && sticky(s->device) == cudaSuccess)
                 st.progress.wait_for(lock, std::chrono::milliseconds(1));  // (another process may complete it)
             continue;
         }
@@ -161,7 +165,12 @@ void worker(CUstream_st* s) {
             continue;
         }
         if (op.delayed && s->delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(s->delay_us.load()));
-        if (op.fn) op.fn();
+        if (op.fn) {
+            // As on a GPU, a host function (and whatever it destroys) must not call CUDA.
+            set_in_callback(true);
+            op.fn();
+            set_in_callback(false);
+        }
     }
     std::lock_guard lock(st.mutex);
     st.streams.erase(s);
@@ -251,8 +260,9 @@ void complete_event(const std::shared_ptr<EventShared>& e, std::uint64_t target)
     auto& st = state();
     {
         std::lock_guard lock(st.mutex);
-        auto c = e->completed.load();
-        while (c < target && !e->completed.compare_exchange_weak(c, target)) {}
+        auto& slot = e->done[target % EventShared::kRing];
+        auto c = slot.load();
+        while (c < target && !slot.compare_exchange_weak(c, target)) {}
     }
     st.progress.notify_all();
 }
@@ -263,6 +273,7 @@ using namespace fake;
 
 #define FAKE_CHECK_DEVICE(dev)                                          \
     do {                                                                \
+        if (in_callback()) return set_error(cudaErrorNotPermitted);     \
         if (auto e_ = sticky(dev); e_ != cudaSuccess) return set_error(e_); \
     } while (0)
 
@@ -312,6 +323,13 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
     if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
     std::snprintf(bus, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + device);
+    return cudaSuccess;
+}
+// As on a GPU, a device does not "peer" with itself (the backend answers that case itself).
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+    const int n = std::min(state().visible.load(), max_devices);
+    if (device < 0 || device >= n || peer < 0 || peer >= n) return set_error(cudaErrorInvalidDevice);
+    *can = device != peer ? 1 : 0;
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -377,7 +395,9 @@ cudaError_t cudaDeviceSynchronize(void) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+    if (in_callback()) return set_error(cudaErrorNotPermitted);
     if (p == nullptr) return cudaSuccess;
+    if (const int d = device_of(p, 0); d >= 0) check_current(d);
     // As on a GPU: cudaFree waits for all work of the device first.
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
     return heap_free(p) ? cudaSuccess : set_error(cudaErrorInvalidValue);
@@ -391,6 +411,7 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+    if (in_callback()) return set_error(cudaErrorNotPermitted);
     {
         std::lock_guard lock(state().mutex);
         if (state().host.erase(p) == 0) return set_error(cudaErrorInvalidValue);
@@ -462,14 +483,14 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
     if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
     FAKE_CHECK_DEVICE(ev->device);
-    return ev->shared->completed.load() >= ev->shared->recorded.load() ? cudaSuccess : cudaErrorNotReady;
+    return ev->shared->complete(ev->shared->recorded.load()) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
     auto& st = state();
     const auto target = ev->shared->recorded.load();
     std::unique_lock lock(st.mutex);
-    while (ev->shared->completed.load() < target && sticky(ev->device) == cudaSuccess)
+    while (!ev->shared->complete(target) && sticky(ev->device) == cudaSuccess)
         st.progress.wait_for(lock, std::chrono::milliseconds(1));
     lock.unlock();
     FAKE_CHECK_DEVICE(ev->device);
@@ -512,5 +533,9 @@ long fake_cuda_live_host_allocations(void) {
     return static_cast<long>(state().host.size());
 }
 long fake_cuda_wrong_device_calls(void) { return state().wrong_device; }
+long fake_cuda_live_imports(void) {
+    std::lock_guard lock(state().mutex);
+    return static_cast<long>(state().imported.size());
+}
 
 }  // extern "C"

@@ -34,6 +34,7 @@ std::shared_ptr<EventShared> map_shared(int fd) {
 extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags) {
+    if (in_callback()) return set_error(cudaErrorNotPermitted);
     if (auto e = sticky(current_device()); e != cudaSuccess) return set_error(e);
     if ((flags & cudaEventInterprocess) != 0 && (flags & cudaEventDisableTiming) == 0) return set_error(cudaErrorInvalidValue);
     auto* out = new CUevent_st;
@@ -55,6 +56,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+    if (in_callback()) return set_error(cudaErrorNotPermitted);
     if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
     if (ev->fd >= 0) ::close(ev->fd);
     delete ev;  // queued records keep the counters alive
@@ -118,7 +120,9 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
     return set_error(cudaErrorInvalidValue);
 }
 
-cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) {
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags) {
+    if (auto e = sticky(current_device()); e != cudaSuccess) return set_error(e);
+    if (flags != cudaIpcMemLazyEnablePeerAccess) return set_error(cudaErrorInvalidValue);  // the only flag there is
     MemHandle m;
     std::memcpy(&m, &handle, sizeof m);
     if (m.magic != mem_magic) return set_error(cudaErrorInvalidValue);
@@ -139,9 +143,11 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) 
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* p) {
+    if (in_callback()) return set_error(cudaErrorNotPermitted);
     std::lock_guard lock(state().mutex);
     auto it = state().imported.find(static_cast<std::uint8_t*>(p));
     if (it == state().imported.end()) return set_error(cudaErrorInvalidValue);
+    check_current(it->second.device);
     ::munmap(it->second.map, it->second.map_len);
     state().imported.erase(it);
     return cudaSuccess;
@@ -158,7 +164,8 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     X(cudaErrorInvalidResourceHandle, "invalid resource handle")                              \
     X(cudaErrorNotReady, "device not ready")                                                  \
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                    \
-    X(cudaErrorLaunchFailure, "unspecified launch failure")
+    X(cudaErrorLaunchFailure, "unspecified launch failure")                                  \
+    X(cudaErrorNotPermitted, "operation not permitted")
 
 const char* cudaGetErrorName(cudaError_t e) {
 #define FAKE_NAME(code, text) \

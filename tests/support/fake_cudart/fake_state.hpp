@@ -20,12 +20,20 @@ namespace fake {
 
 constexpr int max_devices = 8;
 
-// An event's completion state: `recorded` is the target of its latest record, `completed` how far
-// the stream got. In a memfd page for interprocess events, so another process sees it.
+// An event's completion state: `recorded` is the target of its latest record. As on a GPU, a wait
+// (or query) waits for the record that was the latest when it was made, not for whichever record
+// of the event completes next: a record re-made on a fast stream must not release waiters of an
+// earlier record still queued on a slow one. So each record's completion is kept in a ring slot
+// (`done[target % kRing]` = target; a slot is only reused kRing records later). In a memfd page
+// for interprocess events, so another process sees it.
 struct EventShared {
+    static constexpr std::size_t kRing = 480;  // (the page holds 4096 bytes)
     std::atomic<std::uint64_t> recorded{0};
-    std::atomic<std::uint64_t> completed{0};
+    std::atomic<std::uint64_t> done[kRing] = {};
+    /// Whether the record of `target` has completed (target 0: never recorded, complete).
+    bool complete(std::uint64_t target) const noexcept { return target == 0 || done[target % kRing].load() >= target; }
 };
+static_assert(sizeof(EventShared) <= 4096);
 
 struct Op {
     std::function<void()> fn;                 // copy, host function, free, event completion
@@ -80,6 +88,8 @@ State& state();
 int current_device();
 void set_current_device(int d);
 cudaError_t last_error();
+/// Whether this thread runs a stream's host function now (CUDA calls then fail: not permitted).
+bool in_callback();
 void set_last_error(cudaError_t e);
 
 /// Records `e` as the thread's last error and returns it.

@@ -1,0 +1,336 @@
+// The agent's device channels: stream ordering, staging (cuda_basic), outboxes (cuda_ipc), landing.
+#include "rpc/device_channels.hpp"
+
+#include <tensorplay/core/log.hpp>
+
+#include "rpc/device_outbox.hpp"
+#include "transport/channel.hpp"
+#include "transport/connection_state.hpp"
+#include "transport/transport.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace tensorplay::detail {
+
+/// What this agent knows of one connection's peer for cuda_ipc: its offer's devices, the outboxes
+/// and events of theirs it opened (receiving), and which of its devices ours can reach (sending).
+struct PeerDevices {
+    bool decoded = false;
+    std::optional<Error> bad;  ///< its offer did not decode
+    std::vector<IpcDeviceParams> devices;
+    std::map<std::pair<int, int>, std::shared_ptr<Storage>> memory;  ///< (its index, our index)
+    std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
+    std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
+
+    const IpcDeviceParams* device(int index) const {
+        for (const auto& d : devices)
+            if (d.index == index) return &d;
+        return nullptr;
+    }
+};
+
+bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept {
+    for (const auto& t : tensors)
+        if (t.defined() && !t.device().is_cpu()) return true;
+    return false;
+}
+
+std::size_t default_outbox_bytes() {
+    if (const char* v = std::getenv("TP_CUDA_IPC_OUTBOX_BYTES"); v && *v) {
+        char* end = nullptr;
+        const auto n = std::strtoull(v, &end, 10);
+        if (end && *end == '\0' && n > 0) return static_cast<std::size_t>(n);
+        log(LogLevel::warn, "rpc", "TP_CUDA_IPC_OUTBOX_BYTES=\"" + std::string(v) + "\" is not a positive byte count: ignored");
+    }
+    return std::size_t{256} << 20;
+}
+
+DeviceChannels::DeviceChannels(Spawn spawn) : spawn_(std::move(spawn)) {}
+DeviceChannels::~DeviceChannels() = default;
+
+Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, const std::vector<Device>& outbox_devices,
+                                                               const std::vector<std::string>& channels, std::size_t outbox_bytes) {
+    auto dc = std::make_unique<DeviceChannels>(std::move(spawn));
+    const bool want_ipc = std::find(channels.begin(), channels.end(), "cuda_ipc") != channels.end();
+    const bool want_basic = std::find(channels.begin(), channels.end(), "cuda_basic") != channels.end();
+    if (!want_ipc && !want_basic) return dc;
+    auto backend = backend_for(Device::cuda(0));
+    if (!backend || (*backend)->device_count() == 0) return dc;  // no cuda devices: no offers
+    DeviceBackend& b = **backend;
+    if (want_ipc && b.name() == "cuda") {
+        std::vector<IpcDeviceParams> params;
+        for (int i = 0; i < b.device_count(); ++i) {
+            const Device d = Device::cuda(i);
+            auto props = b.properties(d);
+            if (!props) return fail(std::move(props).error().context("reading cuda:" + std::to_string(i) + " for cuda_ipc"));
+            dc->bus_ids_[i] = props->pci_bus_id;
+            IpcDeviceParams p;
+            if (std::find(outbox_devices.begin(), outbox_devices.end(), d) != outbox_devices.end()) {
+                auto box = Outbox::create(b, d, outbox_bytes);
+                if (!box) return fail(std::move(box).error().context("setting up cuda_ipc on " + d.str()));
+                p = (*box)->params();
+                dc->outboxes_[i] = std::move(*box);
+            }
+            p.index = i;
+            p.bus_id = props->pci_bus_id;
+            params.push_back(std::move(p));
+        }
+        dc->offers_.emplace_back("cuda_ipc", "cuda", "cuda_ipc:" + same_host_domain(), encode_ipc_params(params));
+    }
+    if (want_basic) dc->offers_.emplace_back("cuda_basic", "cuda", "any");
+    return dc;
+}
+
+PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
+    auto& slot = peers_[&conn];
+    if (!slot) slot = std::make_unique<PeerDevices>();
+    PeerDevices& p = *slot;
+    if (!p.decoded) {
+        p.decoded = true;
+        const auto& offers = conn.peer().channels;
+        auto it = std::find_if(offers.begin(), offers.end(), [](const ChannelOffer& o) { return o.name == "cuda_ipc"; });
+        auto decoded = it == offers.end() ? Result<std::vector<IpcDeviceParams>>(fail(Errc::protocol_error, "it made no cuda_ipc offer"))
+                                          : decode_ipc_params(it->params);
+        if (decoded) p.devices = std::move(*decoded);
+        else p.bad = std::move(decoded).error();
+    }
+    return p;
+}
+
+void DeviceChannels::forget(const Connection* conn) { peers_.erase(conn); }
+
+// cuda_ipc for a tensor from our `source` to the peer's `target`: the pair chose it, we have an
+// outbox there, and our device reaches theirs (the same PCI device, or peer access).
+bool DeviceChannels::ipc_viable(const Connection& conn, Device source, Device target) {
+    if (!source.is_cuda() || !target.is_cuda() || !outboxes_.count(source.index)) return false;
+    if (ConnectionAccess::state(conn).channels.send_kind(source, target) != ChannelKind::cuda_ipc) return false;
+    PeerDevices& p = peer_of(conn);
+    if (p.bad) return false;
+    const auto key = std::make_pair(source.index, target.index);
+    if (auto it = p.reach.find(key); it != p.reach.end()) return it->second;
+    bool ok = false;
+    if (const IpcDeviceParams* theirs = p.device(target.index)) {
+        for (const auto& [idx, bus] : bus_ids_) {
+            if (bus != theirs->bus_id) continue;
+            auto r = outboxes_.at(source.index)->backend().can_access_peer(source, Device::cuda(idx));
+            ok = r && *r;
+            break;
+        }
+    }
+    if (!ok)
+        log(LogLevel::debug, "rpc", "cuda_ipc from " + source.str() + " to " + target.str() + " of worker \"" + conn.peer().name +
+                                        "\": its device is not reachable from ours (cuda_basic instead)");
+    p.reach[key] = ok;
+    return ok;
+}
+
+namespace {
+/// The pool stream a frame's copies on `d` run on, made to wait for the work queued so far on the
+/// message's stream there (its default stream when it names none).
+Result<tensorplay::Stream> copy_stream(DeviceBackend& b, Device d, const std::vector<tensorplay::Stream>& streams) {
+    auto s = b.acquire_stream(d);
+    if (!s) return s;
+    tensorplay::Stream producer{d, 0};  // (a device's default stream is id 0)
+    for (const auto& m : streams)
+        if (m.device == d) producer = m;
+    auto ev = b.record_event(producer);
+    if (!ev) return fail(std::move(ev).error());
+    if (auto w = b.wait_event(*s, *ev); !w) return fail(std::move(w).error());
+    return s;
+}
+
+/// Releases the peer's hold `hold` once `copied` (the frame's copies out of its outbox) is
+/// complete: awaited, not a host function on the stream (which could outlive the agent's event
+/// loop); cancelled with the agent, when the connection goes anyway.
+Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, std::uint64_t hold) {
+    auto done = co_await b.wait(std::move(copied));
+    (void)done;  // (a device error: the copies are over either way)
+    if (auto c = conn.lock()) release_hold(*c, hold);
+}
+
+struct DeviceStream {
+    DeviceBackend* backend = nullptr;
+    tensorplay::Stream stream;
+    bool staged = false;  ///< copies to host memory were queued (the frame waits for them)
+    int event = -1;       ///< sending: the outbox event the frame's cuda_ipc copies are recorded on
+    bool from_peer = false;  ///< receiving: copies out of the peer's outbox were queued
+};
+
+DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
+    for (auto& s : v)
+        if (s.stream.device == d) return &s;
+    return nullptr;
+}
+}  // namespace
+
+Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
+                                                      std::vector<tensorplay::Stream> streams, std::vector<Device> targets) {
+    PreparedTensors out;
+    out.parts.sources.reserve(tensors.size());
+    out.parts.refs.assign(tensors.size(), 0);
+    std::vector<DeviceStream> used;
+    used.reserve(tensors.size());  // (pointers into it stay valid)
+    auto hold = std::make_shared<OutboxHold>();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Tensor& t = tensors[i];
+        const Device d = t.device();
+        out.parts.sources.push_back(d);
+        if (d.is_cpu()) continue;
+        DeviceStream* ds = find_stream(used, d);
+        if (!ds) {
+            auto b = backend_for(d);
+            if (!b) co_return fail(std::move(b).error());
+            auto s = copy_stream(**b, d, streams);
+            if (!s) co_return fail(std::move(s).error().context("ordering the copies of tensor " + std::to_string(i)));
+            used.push_back(DeviceStream{*b, *s});
+            ds = &used.back();
+        }
+        DeviceBackend& b = *ds->backend;
+        const std::size_t n = t.nbytes();
+        if (ipc_viable(*conn, d, targets[i])) {
+            auto& box = outboxes_.at(d.index);
+            std::optional<std::size_t> off = box->take_range(n);
+            if (off && ds->event < 0) {
+                if (auto k = box->take_event()) {
+                    ds->event = *k;
+                    hold->events.emplace_back(box, *k);
+                } else {
+                    box->give_range(*off, n);
+                    off.reset();
+                }
+            }
+            if (off) {
+                hold->ranges.push_back(OutboxHold::Range{box, *off, n});
+                if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) co_return fail(std::move(c).error());
+                out.parts.refs[i] = encode_ipc_ref(*off, ds->event);
+                ++stats_.ipc_sent;
+                continue;
+            }
+            // (The outbox is full or out of events now: this tensor is staged instead.)
+        }
+        auto staging = b.allocate_host(n);
+        if (!staging) co_return fail(std::move(staging).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));
+        auto host = Tensor::wrap(*staging, t.dtype(), t.shape());
+        if (!host) co_return fail(std::move(host).error());
+        if (auto c = b.copy_async(ds->stream, (*staging)->data(), t.data(), n, t.storage()); !c) co_return fail(std::move(c).error());
+        tensors[i] = std::move(*host);
+        ds->staged = true;
+        ++stats_.staged_sent;
+    }
+    for (auto& ds : used) {
+        if (ds.event < 0) continue;
+        auto& box = outboxes_.at(ds.stream.device.index);
+        if (auto r = ds.backend->record_again(ds.stream, box->event(ds.event)); !r) co_return fail(std::move(r).error());
+    }
+    for (auto& ds : used) {
+        if (!ds.staged) continue;
+        auto ev = ds.backend->record_event(ds.stream);
+        if (!ev) co_return fail(std::move(ev).error());
+        auto waited = co_await ds.backend->wait(*ev);
+        if (!waited) co_return fail(std::move(waited).error().context("staging tensors of " + ds.stream.device.str()));
+    }
+    if (!hold->ranges.empty()) out.parts.keep = std::move(hold);
+    out.tensors = std::move(tensors);
+    co_return out;
+}
+
+Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams) {
+    if (frame.device_hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
+        return ok();  // (CPU tensors only: nothing to land)
+    std::vector<DeviceStream> used;
+    used.reserve(frame.tensors.size());  // (pointers into it stay valid)
+    auto stream_on = [&](Device d) -> Result<DeviceStream*> {
+        if (DeviceStream* ds = find_stream(used, d)) return ds;
+        auto b = backend_for(d);
+        if (!b) return fail(std::move(b).error());
+        auto s = (*b)->acquire_stream(d);
+        if (!s) return fail(std::move(s).error());
+        used.push_back(DeviceStream{*b, *s});
+        streams.push_back(*s);
+        return &used.back();
+    };
+    auto landed = [&]() -> Result<void> {
+        if (frame.alloc_error) return ok();  // (the frame fails as it is: nothing to land)
+        for (std::size_t i = 0; i < frame.tensors.size() && i < frame.targets.size(); ++i) {
+            const Device target = frame.targets[i];
+            Tensor& t = frame.tensors[i];
+            if (target.is_cpu() || !t.defined()) continue;
+            auto ds = stream_on(target);
+            if (!ds) return fail(std::move(ds).error());
+            if (t.device() == target) continue;  // (received in place: host-addressable memory)
+            // Staged by our allocator in host memory: up to the device on the frame's stream.
+            DeviceBackend& b = *(*ds)->backend;
+            auto dst = b.allocate_on((*ds)->stream, t.nbytes());
+            if (!dst) return fail(std::move(dst).error());
+            auto up = Tensor::wrap(*dst, t.dtype(), t.shape());
+            if (!up) return fail(std::move(up).error());
+            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), t.data(), t.nbytes(), t.storage()); !c) return c;
+            t = std::move(*up);
+            ++stats_.staged_received;
+        }
+        if (frame.device_refs.empty()) return ok();
+        PeerDevices& p = peer_of(*conn);
+        if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
+        for (const auto& ref : frame.device_refs) {
+            const TensorDesc& desc = ref.desc;
+            auto r = decode_ipc_ref(ref.ref);
+            if (!r) return fail(std::move(r).error());
+            const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
+            if (!theirs || !theirs->outbox || r->event >= static_cast<int>(theirs->events.size()) || r->offset > theirs->size ||
+                desc.nbytes > theirs->size - r->offset)
+                return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names " +
+                                                      std::to_string(desc.nbytes) + " bytes at " + std::to_string(r->offset) +
+                                                      " (event " + std::to_string(r->event) + ") of an outbox on " +
+                                                      desc.source.str() + " that its offer does not have");
+            auto ds = stream_on(desc.target);
+            if (!ds) return fail(std::move(ds).error());
+            DeviceBackend& b = *(*ds)->backend;
+            auto& memory = p.memory[{theirs->index, desc.target.index}];
+            if (!memory) {
+                auto m = b.open_memory(desc.target, theirs->memory, theirs->size);
+                if (!m) return fail(std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str()));
+                memory = std::move(*m);
+            }
+            auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
+            if (!ev.state()) {
+                auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
+                if (!e) return fail(std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str()));
+                ev = std::move(*e);
+            }
+            if (auto w = b.wait_event((*ds)->stream, ev); !w) return w;
+            auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
+            if (!dst) return fail(std::move(dst).error());
+            auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
+            if (!t) return fail(std::move(t).error());
+            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory); !c) return c;
+            frame.tensors[ref.index] = std::move(*t);
+            (*ds)->from_peer = true;
+            ++stats_.ipc_received;
+        }
+        return ok();
+    }();
+    if (frame.device_hold == 0) return landed;
+    // The hold goes back once every copy out of the peer's outbox has run: one stream waits for
+    // the others, and a coroutine of the agent's awaits an event after them. (After a failure
+    // too: the frame is dropped, so what its copies read no longer matters.)
+    DeviceStream* last = nullptr;
+    for (auto& ds : used) {
+        if (!ds.from_peer) continue;
+        if (!last) {
+            last = &ds;
+        } else if (auto ev = ds.backend->record_event(ds.stream)) {
+            (void)last->backend->wait_event(last->stream, *ev);
+        }
+    }
+    if (last) {
+        if (auto ev = last->backend->record_event(last->stream)) {
+            spawn_(release_after(*last->backend, *ev, conn, frame.device_hold));
+            return landed;
+        }
+    }
+    release_hold(*conn, frame.device_hold);  // (nothing was copied out, or the device failed)
+    return landed;
+}
+
+}  // namespace tensorplay::detail

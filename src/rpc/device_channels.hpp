@@ -1,0 +1,99 @@
+// Private: the agent's device channels (docs/protocol.md, "Channels"). Before a frame with device
+// tensors is sent, its copies are ordered after the work on the message's streams and each device
+// tensor is staged in pinned host memory (cuda_basic: its bytes go inline) or copied into this
+// process's device outbox (cuda_ipc: the peer copies it out, device to device); an arriving
+// frame's device tensors are landed on fresh pool streams without any host wait.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
+#include <tensorplay/device/backend.hpp>
+#include <tensorplay/transport/connection.hpp>
+
+#include "transport/connection_ext.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// Whether a message must go through the device channels: some tensor is on a device other than
+/// the CPU.
+[[nodiscard]] bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept;
+
+/// A frame's tensors made ready for the connection: device ones replaced by their staged host
+/// copies or left for their refs (parts).
+struct PreparedTensors {
+    std::vector<Tensor> tensors;
+    DeviceParts parts;
+};
+
+/// Bytes of each device's outbox (cuda_ipc): TP_CUDA_IPC_OUTBOX_BYTES, else 256 MiB.
+[[nodiscard]] std::size_t default_outbox_bytes();
+
+class Outbox;
+struct PeerDevices;
+
+/// One agent's device channels. Used on the agent's executor (spawned coroutines run there too);
+/// the outbox ranges a peer still holds are given back from wherever the connection drops its holds.
+class DeviceChannels {
+public:
+    /// `outbox_devices`: the local cuda
+    /// devices that get an outbox for cuda_ipc (when the cuda backend can export memory);
+    /// `channels`: the selected channel names (cuda_ipc, cuda_basic offered when listed).
+    /// `spawn` starts a background coroutine of the agent's (the releases that wait for copies).
+    using Spawn = std::function<void(Task<void>)>;
+    [[nodiscard]] static Result<std::unique_ptr<DeviceChannels>> create(Spawn spawn,
+                                                                        const std::vector<Device>& outbox_devices,
+                                                                        const std::vector<std::string>& channels,
+                                                                        std::size_t outbox_bytes);
+    explicit DeviceChannels(Spawn spawn);
+    ~DeviceChannels();
+    DeviceChannels(const DeviceChannels&) = delete;
+    DeviceChannels& operator=(const DeviceChannels&) = delete;
+
+    /// The offers for the cuda device type, in torch's order (cuda_ipc, with its parameters, over
+    /// cuda_basic); empty without cuda devices.
+    [[nodiscard]] const std::vector<ChannelOffer>& offers() const noexcept { return offers_; }
+
+    /// Sending on `conn`: orders the copies after the work queued on `streams` (the message's;
+    /// default streams for the others), stages or places every device tensor, and waits (without
+    /// blocking a thread) until the staged bytes are in host memory. `targets[i]`: where tensor i
+    /// lands on the peer.
+    [[nodiscard]] Task<Result<PreparedTensors>> prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
+                                                        std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
+
+    /// Receiving on `conn`: lands `frame`'s device tensors on fresh pool streams (staged host
+    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox after its event) and names
+    /// those streams in `streams`; the frame's device hold is released once the copies ran.
+    /// An error fails the frame (protocol_error: a bad ref, and the connection should close).
+    [[nodiscard]] Result<void> land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams);
+
+    /// Forgets what was opened for `conn` (its peer's outboxes and events).
+    void forget(const Connection* conn);
+
+    /// Counters for tests: tensors sent by cuda_ipc and by staging.
+    struct Stats {
+        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0;
+    };
+    [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+
+private:
+    [[nodiscard]] PeerDevices& peer_of(const Connection& conn);
+    [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
+
+    Spawn spawn_;
+    std::vector<ChannelOffer> offers_;
+    std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index
+    std::map<const Connection*, std::unique_ptr<PeerDevices>> peers_;
+    std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)
+    Stats stats_;
+};
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,162 @@
+// cuda_ipc's outboxes and the parameters of its offer.
+#include "rpc/device_outbox.hpp"
+
+#include <tensorplay/core/wire.hpp>
+
+#include <cstring>
+
+namespace tensorplay::detail {
+
+namespace {
+constexpr std::uint8_t kParamsVersion = 1;
+constexpr std::uint32_t kMaxParamDevices = 64;
+constexpr std::size_t kMaxBusId = 64;
+
+void put_handle(WireWriter& w, const IpcHandle& h) { w.raw(std::span<const std::uint8_t>(h.data(), h.size())); }
+
+IpcHandle get_handle(WireReader& r) {
+    IpcHandle h{};
+    auto b = r.raw(h.size(), "ipc handle");
+    if (!r.failed()) std::memcpy(h.data(), b.data(), h.size());
+    return h;
+}
+}  // namespace
+
+std::string encode_ipc_params(const std::vector<IpcDeviceParams>& devices) {
+    WireWriter w;
+    w.u8(kParamsVersion).u32(static_cast<std::uint32_t>(devices.size()));
+    for (const auto& d : devices) {
+        w.i32(d.index).str32(d.bus_id).u8(d.outbox ? 1 : 0);
+        if (!d.outbox) continue;
+        put_handle(w, d.memory);
+        w.u64(d.size).u32(static_cast<std::uint32_t>(d.events.size()));
+        for (const auto& e : d.events) put_handle(w, e);
+    }
+    const Bytes b = std::move(w).take();
+    return std::string(b.begin(), b.end());
+}
+
+Result<std::vector<IpcDeviceParams>> decode_ipc_params(std::string_view bytes) {
+    WireReader r({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+    const auto version = r.u8();
+    if (!r.failed() && version != kParamsVersion)
+        return fail(Errc::protocol_error, "cuda_ipc parameters of unknown version " + std::to_string(version));
+    const auto n = r.u32();
+    if (!r.failed() && n > kMaxParamDevices)
+        return fail(Errc::protocol_error, "cuda_ipc parameters list " + std::to_string(n) + " devices (at most " +
+                                              std::to_string(kMaxParamDevices) + ")");
+    std::vector<IpcDeviceParams> out;
+    for (std::uint32_t i = 0; i < n && !r.failed(); ++i) {
+        IpcDeviceParams d;
+        d.index = r.i32();
+        d.bus_id = std::string(r.str32(kMaxBusId, "bus id"));
+        const auto has = r.u8();
+        if (r.failed()) break;
+        if (d.index < 0 || has > 1) return fail(Errc::protocol_error, "cuda_ipc parameters: bad device entry " + std::to_string(i));
+        for (const auto& seen : out)
+            if (seen.index == d.index)
+                return fail(Errc::protocol_error, "cuda_ipc parameters list device " + std::to_string(d.index) + " twice");
+        d.outbox = has == 1;
+        if (d.outbox) {
+            d.memory = get_handle(r);
+            d.size = r.u64();
+            const auto events = r.u32();
+            if (r.failed()) break;
+            if (d.size == 0 || events == 0 || events > 255)
+                return fail(Errc::protocol_error, "cuda_ipc parameters: outbox of cuda:" + std::to_string(d.index) + " with " +
+                                                      std::to_string(d.size) + " bytes and " + std::to_string(events) + " events");
+            for (std::uint32_t k = 0; k < events && !r.failed(); ++k) d.events.push_back(get_handle(r));
+        }
+        out.push_back(std::move(d));
+    }
+    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding cuda_ipc parameters"));
+    return out;
+}
+
+Result<IpcRef> decode_ipc_ref(std::uint64_t ref) {
+    if ((ref & 0xff) != 1)
+        return fail(Errc::protocol_error, "cuda_ipc reference " + std::to_string(ref) + " lacks its marker");
+    return IpcRef{ref >> 16, static_cast<int>((ref >> 8) & 0xff)};
+}
+
+Result<std::shared_ptr<Outbox>> Outbox::create(DeviceBackend& backend, Device device, std::size_t bytes) {
+    auto box = std::make_shared<Outbox>(backend, device);
+    bytes = (bytes + kOutboxAlign - 1) / kOutboxAlign * kOutboxAlign;
+    auto memory = backend.allocate_exportable(device, bytes);
+    if (!memory) return fail(std::move(memory).error().context("allocating the " + std::to_string(bytes) + "-byte cuda_ipc outbox"));
+    auto handle = backend.export_memory(**memory);
+    if (!handle) return fail(std::move(handle).error().context("exporting the cuda_ipc outbox"));
+    box->memory_ = std::move(*memory);
+    box->handle_ = *handle;
+    box->size_ = bytes;
+    box->free_[0] = bytes;
+    for (int k = 0; k < kOutboxEvents; ++k) {
+        auto e = backend.create_ipc_event(device);
+        if (!e) return fail(std::move(e).error().context("creating the cuda_ipc outbox's events"));
+        box->events_.push_back(std::move(*e));
+        box->free_events_.push_back(kOutboxEvents - 1 - k);
+    }
+    return box;
+}
+
+IpcDeviceParams Outbox::params() const {
+    IpcDeviceParams p;
+    p.index = device_.index;
+    p.outbox = true;
+    p.memory = handle_;
+    p.size = size_;
+    for (const auto& e : events_) p.events.push_back(e.second);
+    return p;
+}
+
+std::optional<std::size_t> Outbox::take_range(std::size_t n) {
+    const std::size_t len = (std::max<std::size_t>(n, 1) + kOutboxAlign - 1) / kOutboxAlign * kOutboxAlign;
+    std::lock_guard lock(mutex_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < len) continue;
+        const auto off = it->first;
+        const auto rest = it->second - len;
+        free_.erase(it);
+        if (rest != 0) free_[off + len] = rest;
+        return off;
+    }
+    return std::nullopt;
+}
+
+void Outbox::give_range(std::size_t off, std::size_t n) noexcept {
+    std::size_t len = (std::max<std::size_t>(n, 1) + kOutboxAlign - 1) / kOutboxAlign * kOutboxAlign;
+    std::lock_guard lock(mutex_);
+    auto next = free_.lower_bound(off);
+    if (next != free_.end() && off + len == next->first) {  // merge with the following block
+        len += next->second;
+        next = free_.erase(next);
+    }
+    if (next != free_.begin()) {  // and with the preceding one
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == off) {
+            prev->second += len;
+            return;
+        }
+    }
+    free_[off] = len;
+}
+
+std::optional<int> Outbox::take_event() {
+    std::lock_guard lock(mutex_);
+    if (free_events_.empty()) return std::nullopt;
+    const int k = free_events_.back();
+    free_events_.pop_back();
+    return k;
+}
+
+void Outbox::give_event(int k) noexcept {
+    std::lock_guard lock(mutex_);
+    free_events_.push_back(k);
+}
+
+OutboxHold::~OutboxHold() {
+    for (auto& r : ranges) r.box->give_range(r.offset, r.len);
+    for (auto& [box, k] : events) box->give_event(k);
+}
+
+}  // namespace tensorplay::detail

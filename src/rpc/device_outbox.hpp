@@ -1,0 +1,100 @@
+// Private: cuda_ipc's sending side (an outbox per device: exportable memory allocated once, with
+// interprocess events opened once per peer) and the parameters its channel offer carries.
+#pragma once
+
+#include <tensorplay/core/result.hpp>
+#include <tensorplay/device/backend.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// Events of one outbox: a frame takes one per device it sends from, until the peer's release.
+inline constexpr int kOutboxEvents = 16;
+/// Ranges are handed out in units of this (CUDA copies like 256-byte alignment).
+inline constexpr std::size_t kOutboxAlign = 256;
+
+/// One device of a cuda_ipc offer: its PCI bus id (peers find it among theirs) and, when it has an
+/// outbox, the outbox's memory handle and size and its events' handles.
+struct IpcDeviceParams {
+    int index = 0;
+    std::string bus_id;
+    bool outbox = false;
+    IpcHandle memory{};
+    std::uint64_t size = 0;
+    std::vector<IpcHandle> events;
+};
+
+/// The cuda_ipc offer's parameters (docs/protocol.md, "Channels").
+[[nodiscard]] std::string encode_ipc_params(const std::vector<IpcDeviceParams>& devices);
+/// Errc::protocol_error for anything malformed (counts and sizes are bounded before use).
+[[nodiscard]] Result<std::vector<IpcDeviceParams>> decode_ipc_params(std::string_view bytes);
+
+/// A tensor's reference in a cuda_ipc frame: where in the sender's outbox of the tensor's source
+/// device it lies, and which of that outbox's events its copy in was recorded on. Never 0.
+[[nodiscard]] constexpr std::uint64_t encode_ipc_ref(std::size_t offset, int event) noexcept {
+    return (static_cast<std::uint64_t>(offset) << 16) | (static_cast<std::uint64_t>(event) << 8) | 1u;
+}
+struct IpcRef {
+    std::uint64_t offset = 0;
+    int event = 0;
+};
+/// Errc::protocol_error when `ref` is not one (the marker bit, its reserved bits).
+[[nodiscard]] Result<IpcRef> decode_ipc_ref(std::uint64_t ref);
+
+/// One device's outbox. Thread-safe (ranges come back from wherever a connection drops a hold).
+class Outbox {
+public:
+    [[nodiscard]] static Result<std::shared_ptr<Outbox>> create(DeviceBackend& backend, Device device, std::size_t bytes);
+    Outbox(DeviceBackend& backend, Device device) : backend_(backend), device_(device) {}
+
+    [[nodiscard]] Device device() const noexcept { return device_; }
+    [[nodiscard]] DeviceBackend& backend() const noexcept { return backend_; }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] std::uint8_t* data() const noexcept { return memory_->data(); }
+    [[nodiscard]] const tensorplay::Event& event(int k) const noexcept { return events_[static_cast<std::size_t>(k)].first; }
+    /// This outbox's entry of the offer (bus id filled by the caller).
+    [[nodiscard]] IpcDeviceParams params() const;
+
+    /// The offset of a free range of `n` bytes (first fit), or nullopt when none is free now.
+    [[nodiscard]] std::optional<std::size_t> take_range(std::size_t n);
+    void give_range(std::size_t offset, std::size_t n) noexcept;
+    /// A free event, or nullopt.
+    [[nodiscard]] std::optional<int> take_event();
+    void give_event(int k) noexcept;
+
+private:
+    DeviceBackend& backend_;
+    Device device_;
+    std::shared_ptr<Storage> memory_;
+    IpcHandle handle_{};
+    std::size_t size_ = 0;
+    std::vector<std::pair<tensorplay::Event, IpcHandle>> events_;
+    std::mutex mutex_;
+    std::map<std::size_t, std::size_t> free_;  ///< offset -> length
+    std::vector<int> free_events_;
+};
+
+/// What a frame's hold keeps of the outboxes (Frame::device_hold): its ranges and events, given
+/// back when the peer releases the hold or the connection closes.
+struct OutboxHold {
+    struct Range {
+        std::shared_ptr<Outbox> box;
+        std::size_t offset, len;
+    };
+    std::vector<Range> ranges;
+    std::vector<std::pair<std::shared_ptr<Outbox>, int>> events;
+    OutboxHold() = default;
+    OutboxHold(const OutboxHold&) = delete;
+    OutboxHold& operator=(const OutboxHold&) = delete;
+    ~OutboxHold();
+};
+
+}  // namespace tensorplay::detail
