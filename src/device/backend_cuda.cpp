@@ -3,6 +3,7 @@
 // (cuda_wait.cpp).
 #include <tensorplay/device/backend.hpp>
 
+#include "core/first_fit.hpp"
 #include "device/cuda_device.hpp"
 
 #include <cstring>
@@ -34,45 +35,33 @@ private:
     std::size_t size_;
 };
 
-// Device memory from cudaMalloc (not the pool: only such memory has an interprocess handle).
-class ExportableStorage final : public Storage {
+// Device memory outside the pool, which this process lets go of itself: from cudaMalloc
+// (exportable: only such memory has an interprocess handle; cudaFree) or another process's,
+// mapped by cudaIpcOpenMemHandle (imported; cudaIpcCloseMemHandle).
+class IpcStorage final : public Storage {
 public:
-    ExportableStorage(std::shared_ptr<CudaDevice> dev, std::uint8_t* p, std::size_t n) : dev_(std::move(dev)), data_(p), size_(n) {}
-    ~ExportableStorage() override {
+    enum class Kind { exportable, imported };
+    IpcStorage(std::shared_ptr<CudaDevice> dev, std::uint8_t* p, std::size_t n, Kind kind)
+        : dev_(std::move(dev)), data_(p), size_(n), kind_(kind) {}
+    ~IpcStorage() override {
         DeviceGuard guard(dev_->api(), dev_->index());
-        if (auto e = dev_->api().cudaFree(data_); e != cudaSuccess) (void)dev_->failure("cudaFree", e);
+        const bool own = kind_ == Kind::exportable;
+        if (auto e = own ? dev_->api().cudaFree(data_) : dev_->api().cudaIpcCloseMemHandle(data_); e != cudaSuccess)
+            (void)dev_->failure(own ? "cudaFree" : "cudaIpcCloseMemHandle", e);
     }
-    ExportableStorage(const ExportableStorage&) = delete;
-    ExportableStorage& operator=(const ExportableStorage&) = delete;
+    IpcStorage(const IpcStorage&) = delete;
+    IpcStorage& operator=(const IpcStorage&) = delete;
     Device device() const noexcept override { return Device::cuda(dev_->index()); }
     std::uint8_t* data() noexcept override { return data_; }
     std::size_t size() const noexcept override { return size_; }
     CudaDevice& cuda_device() const noexcept { return *dev_; }
+    Kind kind() const noexcept { return kind_; }
 
 private:
     std::shared_ptr<CudaDevice> dev_;
     std::uint8_t* data_;
     std::size_t size_;
-};
-
-// Another process's device memory, mapped by cudaIpcOpenMemHandle.
-class ImportedStorage final : public Storage {
-public:
-    ImportedStorage(std::shared_ptr<CudaDevice> dev, std::uint8_t* p, std::size_t n) : dev_(std::move(dev)), data_(p), size_(n) {}
-    ~ImportedStorage() override {
-        DeviceGuard guard(dev_->api(), dev_->index());
-        if (auto e = dev_->api().cudaIpcCloseMemHandle(data_); e != cudaSuccess) (void)dev_->failure("cudaIpcCloseMemHandle", e);
-    }
-    ImportedStorage(const ImportedStorage&) = delete;
-    ImportedStorage& operator=(const ImportedStorage&) = delete;
-    Device device() const noexcept override { return Device::cuda(dev_->index()); }
-    std::uint8_t* data() noexcept override { return data_; }
-    std::size_t size() const noexcept override { return size_; }
-
-private:
-    std::shared_ptr<CudaDevice> dev_;
-    std::uint8_t* data_;
-    std::size_t size_;
+    Kind kind_;
 };
 
 // Pinned host memory: one cudaHostAlloc up front, handed out first-fit in 256-byte units (a
@@ -81,9 +70,8 @@ private:
 class PinnedArena : public std::enable_shared_from_this<PinnedArena> {
 public:
     static constexpr std::size_t unit = 256;
-    PinnedArena(std::shared_ptr<const CudaApi> api, std::uint8_t* base, std::size_t size) : api_(std::move(api)), base_(base), size_(size) {
-        if (size_ != 0) free_[0] = size_;
-    }
+    PinnedArena(std::shared_ptr<const CudaApi> api, std::uint8_t* base, std::size_t size)
+        : api_(std::move(api)), base_(base), size_(size), ranges_(size, unit) {}
     ~PinnedArena() {
         if (base_ != nullptr) (void)api_->cudaFreeHost(base_);
     }
@@ -92,43 +80,16 @@ public:
     const CudaApi& api() const noexcept { return *api_; }
 
     std::uint8_t* take(std::size_t n) {
-        const std::size_t len = (n + unit - 1) / unit * unit;
-        std::lock_guard lock(mutex_);
-        for (auto it = free_.begin(); it != free_.end(); ++it) {
-            if (it->second < len) continue;
-            const auto off = it->first;
-            const auto rest = it->second - len;
-            free_.erase(it);
-            if (rest != 0) free_[off + len] = rest;
-            return base_ + off;
-        }
-        return nullptr;
+        auto off = ranges_.take(n);
+        return off ? base_ + *off : nullptr;
     }
-    void give(std::uint8_t* p, std::size_t n) {
-        std::size_t off = static_cast<std::size_t>(p - base_);
-        std::size_t len = (n + unit - 1) / unit * unit;
-        std::lock_guard lock(mutex_);
-        auto next = free_.lower_bound(off);
-        if (next != free_.end() && off + len == next->first) {  // merge with the following block
-            len += next->second;
-            next = free_.erase(next);
-        }
-        if (next != free_.begin()) {  // and with the preceding one
-            auto prev = std::prev(next);
-            if (prev->first + prev->second == off) {
-                prev->second += len;
-                return;
-            }
-        }
-        free_[off] = len;
-    }
+    void give(std::uint8_t* p, std::size_t n) { ranges_.give(static_cast<std::size_t>(p - base_), n); }
 
 private:
     std::shared_ptr<const CudaApi> api_;
     std::uint8_t* base_;
     std::size_t size_;
-    std::mutex mutex_;
-    std::map<std::size_t, std::size_t> free_;  // offset -> length
+    FirstFit ranges_;
 };
 
 class PinnedStorage final : public Storage {
@@ -284,16 +245,10 @@ public:
     Result<Event> record_event(Stream stream) override {
         auto dev = stream_device(stream, "record_event");
         if (!dev) return fail(std::move(dev).error());
-        auto& d = **dev;
-        DeviceGuard guard(d.api(), d.index());
-        auto ev = d.take_event();
-        if (!ev) return fail(std::move(ev).error());
-        auto seq = d.record(stream.id, *ev);
-        if (!seq) {
-            d.return_event(*ev);
-            return fail(std::move(seq).error());
-        }
-        return Event{std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), *seq, true)};
+        DeviceGuard guard((*dev)->api(), (*dev)->index());
+        auto state = record_pooled(*dev, stream.id);
+        if (!state) return fail(std::move(state).error());
+        return Event{std::move(*state)};
     }
 
     Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream) override {
@@ -338,12 +293,12 @@ public:
         void* p = nullptr;  // at least one byte: a null pointer has no handle
         if (auto e = d.api().cudaMalloc(&p, nbytes == 0 ? 1 : nbytes); e != cudaSuccess)
             return fail(Error(d.failure("cudaMalloc", e)).context("allocating " + std::to_string(nbytes) + " exportable bytes"));
-        return std::shared_ptr<Storage>(std::make_shared<ExportableStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes));
+        return std::shared_ptr<Storage>(std::make_shared<IpcStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes, IpcStorage::Kind::exportable));
     }
 
     Result<IpcHandle> export_memory(Storage& storage) override {
-        auto* st = dynamic_cast<ExportableStorage*>(&storage);
-        if (st == nullptr)
+        auto* st = dynamic_cast<IpcStorage*>(&storage);
+        if (st == nullptr || st->kind() != IpcStorage::Kind::exportable)
             return fail(Errc::invalid_argument, "cuda backend: export_memory of " + storage.device().str() +
                                                     " storage that was not allocated with allocate_exportable");
         auto& d = st->cuda_device();
@@ -367,7 +322,7 @@ public:
         void* p = nullptr;
         if (auto e = d.api().cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess)
             return fail(d.failure("cudaIpcOpenMemHandle", e));
-        return std::shared_ptr<Storage>(std::make_shared<ImportedStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes));
+        return std::shared_ptr<Storage>(std::make_shared<IpcStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes, IpcStorage::Kind::imported));
     }
 
     Result<bool> can_access_peer(Device device, Device peer) override {
@@ -448,17 +403,23 @@ private:
     // event it polls), not by a host function on the stream: the last reference to device memory
     // frees it (cudaFreeAsync), and CUDA calls are not permitted in host functions.
     Result<void> hold_until_done(const std::shared_ptr<CudaDevice>& dev, std::uint32_t id, std::shared_ptr<void> keep_alive) {
+        auto state = record_pooled(dev, id);
+        if (!state) return fail(std::move(state).error());  // the copy is queued; the caller must keep the buffers alive
+        (*state)->on_ready([keep = std::move(keep_alive)]() mutable { keep.reset(); });
+        return ok();
+    }
+
+    // A recycled event recorded on stream `id` of `dev` (current).
+    static Result<std::shared_ptr<CudaEventState>> record_pooled(const std::shared_ptr<CudaDevice>& dev, std::uint32_t id) {
         CudaDevice& d = *dev;
         auto ev = d.take_event();
-        if (!ev) return fail(std::move(ev).error());  // the copy is queued; the caller must keep the buffers alive
+        if (!ev) return fail(std::move(ev).error());
         auto seq = d.record(id, *ev);
         if (!seq) {
             d.return_event(*ev);
             return fail(std::move(seq).error());
         }
-        auto state = std::make_shared<CudaEventState>(dev, *ev, group_of(d, id), *seq, true);
-        state->on_ready([keep = std::move(keep_alive)]() mutable { keep.reset(); });
-        return ok();
+        return std::make_shared<CudaEventState>(dev, *ev, group_of(d, id), *seq, true);
     }
 
     Result<std::shared_ptr<CudaDevice>> device_of(Device device, std::string_view what) {

@@ -149,18 +149,88 @@ Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_p
     if (auto c = conn.lock()) release_hold(*c, hold);
 }
 
+}  // namespace
+
+/// A frame's copies on one device: the stream they run on, and what they are.
 struct DeviceStream {
     DeviceBackend* backend = nullptr;
     tensorplay::Stream stream;
-    bool staged = false;  ///< copies to host memory were queued (the frame waits for them)
-    int event = -1;       ///< sending: the outbox event the frame's cuda_ipc copies are recorded on
+    bool staged = false;     ///< sending: copies to host memory were queued (the frame waits for them)
+    int event = -1;          ///< sending: the outbox event the frame's cuda_ipc copies are recorded on
     bool from_peer = false;  ///< receiving: copies out of the peer's outbox were queued
 };
 
+namespace {
 DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
     for (auto& s : v)
         if (s.stream.device == d) return &s;
     return nullptr;
+}
+}  // namespace
+
+Result<void> DeviceChannels::queue_copies(const Connection& conn, std::vector<Tensor>& tensors,
+                                          const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
+                                          PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Tensor& t = tensors[i];
+        const Device d = t.device();
+        out.parts.sources.push_back(d);
+        if (d.is_cpu()) continue;
+        DeviceStream* ds = find_stream(used, d);
+        if (!ds) {
+            auto b = backend_for(d);
+            if (!b) return fail(std::move(b).error());
+            auto s = copy_stream(**b, d, streams);
+            if (!s) return fail(std::move(s).error().context("ordering the copies of tensor " + std::to_string(i)));
+            used.push_back(DeviceStream{*b, *s});
+            ds = &used.back();
+        }
+        DeviceBackend& b = *ds->backend;
+        const std::size_t n = t.nbytes();
+        if (ipc_viable(conn, d, targets[i])) {
+            auto& box = outboxes_.at(d.index);
+            std::optional<std::size_t> off = box->take_range(n);
+            if (off && ds->event < 0) {
+                if (auto k = box->take_event()) {
+                    ds->event = *k;
+                    hold.events.emplace_back(box, *k);
+                } else {
+                    box->give_range(*off, n);
+                    off.reset();
+                }
+            }
+            if (off) {
+                hold.ranges.push_back(OutboxHold::Range{box, *off, n});
+                if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) return c;
+                out.parts.refs[i] = encode_ipc_ref(*off, ds->event);
+                ++stats_.ipc_sent;
+                continue;
+            }
+            // (The outbox has no free range or event now: this tensor is staged instead.)
+        }
+        auto staging = b.allocate_host(n);
+        if (!staging) return fail(std::move(staging).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));
+        auto host = Tensor::wrap(*staging, t.dtype(), t.shape());
+        if (!host) return fail(std::move(host).error());
+        if (auto c = b.copy_async(ds->stream, (*staging)->data(), t.data(), n, t.storage()); !c) return c;
+        tensors[i] = std::move(*host);
+        ds->staged = true;
+        ++stats_.staged_sent;
+    }
+    for (auto& ds : used) {
+        if (ds.event < 0) continue;
+        auto& box = outboxes_.at(ds.stream.device.index);
+        if (auto r = ds.backend->record_again(ds.stream, box->event(ds.event)); !r) return r;
+    }
+    return ok();
+}
+
+namespace {
+/// Lets go of `hold` once `events` (after a failed frame's queued copies) are complete: the copies
+/// into its outbox ranges must have run before another frame may take them.
+Task<void> drop_after(std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events, std::shared_ptr<OutboxHold> hold) {
+    for (auto& [b, ev] : events) (void)co_await b->wait(std::move(ev));
+    hold.reset();
 }
 }  // namespace
 
@@ -172,63 +242,26 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     std::vector<DeviceStream> used;
     used.reserve(tensors.size());  // (pointers into it stay valid)
     auto hold = std::make_shared<OutboxHold>();
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Tensor& t = tensors[i];
-        const Device d = t.device();
-        out.parts.sources.push_back(d);
-        if (d.is_cpu()) continue;
-        DeviceStream* ds = find_stream(used, d);
-        if (!ds) {
-            auto b = backend_for(d);
-            if (!b) co_return fail(std::move(b).error());
-            auto s = copy_stream(**b, d, streams);
-            if (!s) co_return fail(std::move(s).error().context("ordering the copies of tensor " + std::to_string(i)));
-            used.push_back(DeviceStream{*b, *s});
-            ds = &used.back();
-        }
-        DeviceBackend& b = *ds->backend;
-        const std::size_t n = t.nbytes();
-        if (ipc_viable(*conn, d, targets[i])) {
-            auto& box = outboxes_.at(d.index);
-            std::optional<std::size_t> off = box->take_range(n);
-            if (off && ds->event < 0) {
-                if (auto k = box->take_event()) {
-                    ds->event = *k;
-                    hold->events.emplace_back(box, *k);
-                } else {
-                    box->give_range(*off, n);
-                    off.reset();
-                }
-            }
-            if (off) {
-                hold->ranges.push_back(OutboxHold::Range{box, *off, n});
-                if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) co_return fail(std::move(c).error());
-                out.parts.refs[i] = encode_ipc_ref(*off, ds->event);
-                ++stats_.ipc_sent;
-                continue;
-            }
-            // (The outbox is full or out of events now: this tensor is staged instead.)
-        }
-        auto staging = b.allocate_host(n);
-        if (!staging) co_return fail(std::move(staging).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));
-        auto host = Tensor::wrap(*staging, t.dtype(), t.shape());
-        if (!host) co_return fail(std::move(host).error());
-        if (auto c = b.copy_async(ds->stream, (*staging)->data(), t.data(), n, t.storage()); !c) co_return fail(std::move(c).error());
-        tensors[i] = std::move(*host);
-        ds->staged = true;
-        ++stats_.staged_sent;
-    }
+    auto queued = queue_copies(*conn, tensors, streams, targets, out, used, *hold);
     for (auto& ds : used) {
-        if (ds.event < 0) continue;
-        auto& box = outboxes_.at(ds.stream.device.index);
-        if (auto r = ds.backend->record_again(ds.stream, box->event(ds.event)); !r) co_return fail(std::move(r).error());
-    }
-    for (auto& ds : used) {
-        if (!ds.staged) continue;
+        if (!queued || !ds.staged) continue;
+        // Staged bytes go on the socket: the host waits for them (suspending this coroutine only).
         auto ev = ds.backend->record_event(ds.stream);
-        if (!ev) co_return fail(std::move(ev).error());
+        if (!ev) {
+            queued = fail(std::move(ev).error());
+            break;
+        }
         auto waited = co_await ds.backend->wait(*ev);
-        if (!waited) co_return fail(std::move(waited).error().context("staging tensors of " + ds.stream.device.str()));
+        if (!waited) queued = fail(std::move(waited).error().context("staging tensors of " + ds.stream.device.str()));
+    }
+    if (!queued) {
+        if (!hold->ranges.empty()) {
+            std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events;
+            for (auto& ds : used)
+                if (auto ev = ds.backend->record_event(ds.stream)) events.emplace_back(ds.backend, std::move(*ev));
+            spawn_(drop_after(std::move(events), std::move(hold)));
+        }
+        co_return fail(std::move(queued).error());
     }
     if (!hold->ranges.empty()) out.parts.keep = std::move(hold);
     out.tensors = std::move(tensors);

@@ -38,7 +38,9 @@ struct PreparedTensors {
 [[nodiscard]] std::size_t default_outbox_bytes();
 
 class Outbox;
+struct OutboxHold;
 struct PeerDevices;
+struct DeviceStream;
 
 /// One agent's device channels. Used on the agent's executor (spawned coroutines run there too);
 /// the outbox ranges a peer still holds are given back from wherever the connection drops its holds.
@@ -85,6 +87,11 @@ public:
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 
 private:
+    /// prepare's copies: each device tensor into the outbox or staging, on one stream per device
+    /// (`used`), its outbox ranges and events in `hold`.
+    [[nodiscard]] Result<void> queue_copies(const Connection& conn, std::vector<Tensor>& tensors,
+                                            const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
+                                            PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold);
     [[nodiscard]] PeerDevices& peer_of(const Connection& conn);
     [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
 

@@ -89,7 +89,7 @@ Result<std::shared_ptr<Outbox>> Outbox::create(DeviceBackend& backend, Device de
     box->memory_ = std::move(*memory);
     box->handle_ = *handle;
     box->size_ = bytes;
-    box->free_[0] = bytes;
+    box->ranges_.emplace(bytes, kOutboxAlign);
     for (int k = 0; k < kOutboxEvents; ++k) {
         auto e = backend.create_ipc_event(device);
         if (!e) return fail(std::move(e).error().context("creating the cuda_ipc outbox's events"));
@@ -109,37 +109,9 @@ IpcDeviceParams Outbox::params() const {
     return p;
 }
 
-std::optional<std::size_t> Outbox::take_range(std::size_t n) {
-    const std::size_t len = (std::max<std::size_t>(n, 1) + kOutboxAlign - 1) / kOutboxAlign * kOutboxAlign;
-    std::lock_guard lock(mutex_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->second < len) continue;
-        const auto off = it->first;
-        const auto rest = it->second - len;
-        free_.erase(it);
-        if (rest != 0) free_[off + len] = rest;
-        return off;
-    }
-    return std::nullopt;
-}
+std::optional<std::size_t> Outbox::take_range(std::size_t n) { return ranges_->take(n); }
 
-void Outbox::give_range(std::size_t off, std::size_t n) noexcept {
-    std::size_t len = (std::max<std::size_t>(n, 1) + kOutboxAlign - 1) / kOutboxAlign * kOutboxAlign;
-    std::lock_guard lock(mutex_);
-    auto next = free_.lower_bound(off);
-    if (next != free_.end() && off + len == next->first) {  // merge with the following block
-        len += next->second;
-        next = free_.erase(next);
-    }
-    if (next != free_.begin()) {  // and with the preceding one
-        auto prev = std::prev(next);
-        if (prev->first + prev->second == off) {
-            prev->second += len;
-            return;
-        }
-    }
-    free_[off] = len;
-}
+void Outbox::give_range(std::size_t off, std::size_t n) noexcept { ranges_->give(off, n); }
 
 std::optional<int> Outbox::take_event() {
     std::lock_guard lock(mutex_);

@@ -5,8 +5,9 @@
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/device/backend.hpp>
 
+#include "core/first_fit.hpp"
+
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,8 +78,8 @@ private:
     IpcHandle handle_{};
     std::size_t size_ = 0;
     std::vector<std::pair<tensorplay::Event, IpcHandle>> events_;
-    std::mutex mutex_;
-    std::map<std::size_t, std::size_t> free_;  ///< offset -> length
+    std::optional<FirstFit> ranges_;  ///< (set by create)
+    std::mutex mutex_;                ///< free_events_
     std::vector<int> free_events_;
 };
 

@@ -468,6 +468,22 @@ Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span
 }  // namespace
 
 namespace {
+/// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
+Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool flush) {
+    const bool was_empty = s.queue.empty();
+    s.queue.push_back(std::move(out));
+    // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
+    if (flush && !s.writing && s.queue_written == 0) {
+        s.flush_now();
+        if (!s.open) return fail(s.closed_error());
+    } else if (was_empty) {
+        s.wake.complete_later();
+    }
+    return ok();
+}
+}  // namespace
+
+namespace {
 /// The channel seam on the sending side: when some tensor's pair chose cma and it is large enough,
 /// the frame goes by reference: those tensors are held (until the peer's release or the close)
 /// and their bytes not written; the others go inline. Nothing (the caller sends as basic) when
@@ -498,15 +514,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     s.stats.cma_sent += held.size();
     s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease)});
     s.stats.cma_held = s.holds.size();
-    const bool was_empty = s.queue.empty();
-    s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});
-    if (flush && !s.writing && s.queue_written == 0) {
-        s.flush_now();
-        if (!s.open) return fail(s.closed_error());
-    } else if (was_empty) {
-        s.wake.complete_later();
-    }
-    return ok();
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
 }
 }  // namespace
 
@@ -530,15 +538,7 @@ Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::
     for (std::size_t i = 0; i < tensors.size(); ++i)
         if (!refs || i >= dev.refs.size() || dev.refs[i] == 0) written.push_back(std::move(tensors[i]));
     if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}});
-    const bool was_empty = s.queue.empty();
-    s.queue.push_back(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)});
-    if (flush && !s.writing && s.queue_written == 0) {
-        s.flush_now();
-        if (!s.open) return fail(s.closed_error());
-    } else if (was_empty) {
-        s.wake.complete_later();
-    }
-    return ok();
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
 }
 }  // namespace
 
@@ -576,17 +576,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     Bytes head;
     if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors)};
-    bool was_empty = s.queue.empty();
-    s.queue.push_back(std::move(out));
-    // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
-    if (flush && !s.writing && s.queue_written == 0) {
-        s.flush_now();
-        if (!s.open) return fail(s.closed_error());
-    } else if (was_empty) {
-        s.wake.complete_later();
-    }
-    return ok();
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors)}, flush);
 }
 
 // (A stream other than TCP always reads short: TCP_INQ is TCP's.)
