@@ -8,6 +8,8 @@
 #include "transport/connection_state.hpp"
 #include "transport/transport.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -17,7 +19,7 @@ namespace tensorplay::detail {
 /// and events of theirs it opened (receiving), and which of its devices ours can reach (sending).
 struct PeerDevices {
     bool decoded = false;
-    std::optional<Error> bad;  ///< its offer did not decode
+    std::optional<Error> bad;  ///< its offer did not decode, or names this process
     std::vector<IpcDeviceParams> devices;
     std::map<std::pair<int, int>, std::shared_ptr<Storage>> memory;  ///< (its index, our index)
     std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
@@ -59,7 +61,8 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
     if (!backend || (*backend)->device_count() == 0) return dc;  // no cuda devices: no offers
     DeviceBackend& b = **backend;
     if (want_ipc && b.name() == "cuda") {
-        std::vector<IpcDeviceParams> params;
+        IpcParams params;
+        params.pid = static_cast<std::int32_t>(::getpid());
         for (int i = 0; i < b.device_count(); ++i) {
             const Device d = Device::cuda(i);
             auto props = b.properties(d);
@@ -74,7 +77,7 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
             }
             p.index = i;
             p.bus_id = props->pci_bus_id;
-            params.push_back(std::move(p));
+            params.devices.push_back(std::move(p));
         }
         dc->offers_.emplace_back("cuda_ipc", "cuda", "cuda_ipc:" + same_host_domain(), encode_ipc_params(params));
     }
@@ -90,10 +93,12 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
         p.decoded = true;
         const auto& offers = conn.peer().channels;
         auto it = std::find_if(offers.begin(), offers.end(), [](const ChannelOffer& o) { return o.name == "cuda_ipc"; });
-        auto decoded = it == offers.end() ? Result<std::vector<IpcDeviceParams>>(fail(Errc::protocol_error, "it made no cuda_ipc offer"))
+        auto decoded = it == offers.end() ? Result<IpcParams>(fail(Errc::protocol_error, "it made no cuda_ipc offer"))
                                           : decode_ipc_params(it->params);
-        if (decoded) p.devices = std::move(*decoded);
-        else p.bad = std::move(decoded).error();
+        if (!decoded) p.bad = std::move(decoded).error();
+        else if (decoded->pid == ::getpid())  // (one process's agents: its handles do not open here)
+            p.bad = Error(Errc::protocol_error, "its cuda_ipc offer names this process");
+        else p.devices = std::move(decoded->devices);
     }
     return p;
 }

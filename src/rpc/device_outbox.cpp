@@ -22,10 +22,10 @@ IpcHandle get_handle(WireReader& r) {
 }
 }  // namespace
 
-std::string encode_ipc_params(const std::vector<IpcDeviceParams>& devices) {
+std::string encode_ipc_params(const IpcParams& params) {
     WireWriter w;
-    w.u8(kParamsVersion).u32(static_cast<std::uint32_t>(devices.size()));
-    for (const auto& d : devices) {
+    w.u8(kParamsVersion).i32(params.pid).u32(static_cast<std::uint32_t>(params.devices.size()));
+    for (const auto& d : params.devices) {
         w.i32(d.index).str32(d.bus_id).u8(d.outbox ? 1 : 0);
         if (!d.outbox) continue;
         put_handle(w, d.memory);
@@ -36,16 +36,19 @@ std::string encode_ipc_params(const std::vector<IpcDeviceParams>& devices) {
     return std::string(b.begin(), b.end());
 }
 
-Result<std::vector<IpcDeviceParams>> decode_ipc_params(std::string_view bytes) {
+Result<IpcParams> decode_ipc_params(std::string_view bytes) {
     WireReader r({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
     const auto version = r.u8();
     if (!r.failed() && version != kParamsVersion)
         return fail(Errc::protocol_error, "cuda_ipc parameters of unknown version " + std::to_string(version));
+    IpcParams params;
+    params.pid = r.i32();
+    if (!r.failed() && params.pid <= 0) return fail(Errc::protocol_error, "cuda_ipc parameters name pid " + std::to_string(params.pid));
     const auto n = r.u32();
     if (!r.failed() && n > kMaxParamDevices)
         return fail(Errc::protocol_error, "cuda_ipc parameters list " + std::to_string(n) + " devices (at most " +
                                               std::to_string(kMaxParamDevices) + ")");
-    std::vector<IpcDeviceParams> out;
+    auto& out = params.devices;
     for (std::uint32_t i = 0; i < n && !r.failed(); ++i) {
         IpcDeviceParams d;
         d.index = r.i32();
@@ -70,7 +73,7 @@ Result<std::vector<IpcDeviceParams>> decode_ipc_params(std::string_view bytes) {
         out.push_back(std::move(d));
     }
     if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding cuda_ipc parameters"));
-    return out;
+    return params;
 }
 
 Result<IpcRef> decode_ipc_ref(std::uint64_t ref) {

@@ -33,10 +33,15 @@ struct IpcDeviceParams {
     std::vector<IpcHandle> events;
 };
 
-/// The cuda_ipc offer's parameters (docs/protocol.md, "Channels").
-[[nodiscard]] std::string encode_ipc_params(const std::vector<IpcDeviceParams>& devices);
+/// The cuda_ipc offer's parameters (docs/protocol.md, "Channels"): the offering process (a handle
+/// cannot be opened in the process that exported it) and its devices.
+struct IpcParams {
+    std::int32_t pid = 0;
+    std::vector<IpcDeviceParams> devices;
+};
+[[nodiscard]] std::string encode_ipc_params(const IpcParams& params);
 /// Errc::protocol_error for anything malformed (counts and sizes are bounded before use).
-[[nodiscard]] Result<std::vector<IpcDeviceParams>> decode_ipc_params(std::string_view bytes);
+[[nodiscard]] Result<IpcParams> decode_ipc_params(std::string_view bytes);
 
 /// A tensor's reference in a cuda_ipc frame: where in the sender's outbox of the tensor's source
 /// device it lies, and which of that outbox's events its copy in was recorded on. Never 0.

@@ -1,11 +1,15 @@
 // CUDA tensors in one process's agents (on the fake CUDA runtime, a test double loaded through
-// TP_CUDART): a tensor with no device map is refused naming worker and device; and a hostile peer
+// TP_CUDART): they go by cuda_basic (a process cannot open its own IPC handles), through the
+// device maps and back; a tensor with no device map is refused naming worker and device; and a hostile peer
 // that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
 // offer that does not decode) loses its own connection, while the group goes on. The two-process
 // tests of the device channels are cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
+#include "rpc/cuda_test_util.hpp"
 
 #include <tensorplay/device/backend.hpp>
+
+#include <unistd.h>
 
 #include "rpc/device_outbox.hpp"
 #include "transport/connection_ext.hpp"
@@ -77,6 +81,40 @@ TEST_CASE("a cuda tensor without a device map to the callee is refused, naming t
     });
 }
 
+TEST_CASE("agents of one process move cuda tensors by cuda_basic, through the maps and back", "[rpc][agent][device]") {
+    if (cuda_device_count() < 2) {
+        WARN("fewer than two cuda devices (the fake runtime was not loaded): skipped");
+        return;
+    }
+    test::run_with_deadline(30s, []() -> Task<void> {
+        auto g = co_await test::make_group(2, [](int rank, TensorPipeRpcBackendOptions& o) {
+            o.devices = {Device::cuda(0), Device::cuda(1)};
+            if (rank == 0) o.device_maps["worker1"] = DeviceMap{{Device::cuda(0), Device::cuda(1)}};
+        });
+        test::register_echo(g);
+        auto s = test::cuda().acquire_stream(Device::cuda(0));
+        REQUIRE(s);
+        const std::size_t n = 300000;
+        auto t = test::filled(*s, n, 5);
+        REQUIRE(t);
+        Message m{bytes("one process"), {*t}};
+        m.streams.push_back(*s);
+        const std::string to = "worker1", handler = "echo";
+        auto r = co_await g[0]->rpc_async(to, handler, std::move(m));
+        REQUIRE(r);
+        REQUIRE(r->tensors.size() == 1);
+        CHECK(r->tensors[0].device() == Device::cuda(0));
+        auto back = co_await test::read_back(r->tensors[0], test::stream_of(*r, Device::cuda(0)));
+        CHECK(back == test::pattern(n, 5));
+        const auto st = g[0]->device_stats();
+        CHECK(st.ipc_sent == 0);
+        CHECK(st.staged_sent == 1);
+        CHECK(st.staged_received == 1);
+        auto down = co_await test::shutdown_all(g);
+        for (auto& d : down) CHECK(d);
+    });
+}
+
 TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only", "[rpc][agent][device][hostile]") {
     if (cuda_device_count() < 1) {
         WARN("no cuda device (the fake runtime was not loaded): skipped");
@@ -92,7 +130,12 @@ TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only
         dev.outbox = true;
         dev.size = 1 << 20;
         dev.events.resize(1);
-        const std::string good_params = detail::encode_ipc_params({dev});
+        detail::IpcParams params;
+        params.pid = ::getpid() + 1;  // (another process's offer: one naming this process is refused too)
+        params.devices = {dev};
+        const std::string good_params = detail::encode_ipc_params(params);
+        params.pid = ::getpid();
+        const std::string own_params = detail::encode_ipc_params(params);
         struct Case {
             const char* what;
             std::string params;
@@ -103,6 +146,7 @@ TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only
             {"a range past the outbox", good_params, detail::encode_ipc_ref(std::size_t{1} << 20, 0)},
             {"an event the offer does not have", good_params, detail::encode_ipc_ref(0, 3)},
             {"an offer that does not decode", std::string("\x07garbage", 8), detail::encode_ipc_ref(0, 0)},
+            {"an offer that names the receiving process", own_params, detail::encode_ipc_ref(0, 0)},
         };
         for (const auto& c : cases) {
             INFO(c.what);

@@ -126,6 +126,8 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned f
     MemHandle m;
     std::memcpy(&m, &handle, sizeof m);
     if (m.magic != mem_magic) return set_error(cudaErrorInvalidValue);
+    // As on a GPU: memory cannot be opened in the process that exported it.
+    if (m.pid == static_cast<std::int32_t>(::getpid())) return set_error(cudaErrorDeviceUninitialized);
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", m.pid, m.fd);
     const int fd = ::open(path, O_RDWR | O_CLOEXEC);
@@ -165,7 +167,8 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     X(cudaErrorNotReady, "device not ready")                                                  \
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                    \
     X(cudaErrorLaunchFailure, "unspecified launch failure")                                  \
-    X(cudaErrorNotPermitted, "operation not permitted")
+    X(cudaErrorNotPermitted, "operation not permitted")                                      \
+    X(cudaErrorDeviceUninitialized, "invalid device context")
 
 const char* cudaGetErrorName(cudaError_t e) {
 #define FAKE_NAME(code, text) \
