@@ -1,0 +1,147 @@
+// Connection, sending: the channel seam on the sending side (inline bytes, cma holds, the frames
+// a device channel prepared) and the queue the writer takes them from (connection.cpp).
+#include <tensorplay/transport/connection.hpp>
+
+#include <tensorplay/device/backend.hpp>
+
+#include "transport/connection_state.hpp"
+
+#include <algorithm>
+
+namespace tensorplay {
+
+Result<void> Connection::send(Frame frame, bool flush) {
+    return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
+}
+
+namespace {
+/// The `basic` channel writes a tensor's bytes from the host: storage that the host cannot address
+/// (cuda memory) must go by a device channel (the agent's: staged, or by reference with `refs`).
+Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span<const std::uint64_t> refs) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (!tensors[i].defined() || (i < refs.size() && refs[i] != 0)) continue;
+        const Device d = tensors[i].device();
+        if (d.type == DeviceType::cpu) continue;
+        auto backend = backend_for(d);
+        if (backend && (*backend)->host_accessible()) continue;
+        return fail(Errc::device_error, "tensor " + std::to_string(i) + " is on " + d.str() +
+                                            ", whose memory the host cannot address: a Connection writes host memory "
+                                            "only (the RPC agent's device channels stage or copy device tensors)");
+    }
+    return ok();
+}
+}  // namespace
+
+namespace {
+/// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
+Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool flush) {
+    const bool was_empty = s.queue.empty();
+    s.queue.push_back(std::move(out));
+    // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
+    if (flush && !s.writing && s.queue_written == 0) {
+        s.flush_now();
+        if (!s.open) return fail(s.closed_error());
+    } else if (was_empty) {
+        s.wake.complete_later();
+    }
+    return ok();
+}
+}  // namespace
+
+namespace {
+/// The channel seam on the sending side: when some tensor's pair chose cma and it is large enough,
+/// the frame goes by reference: those tensors are held (until the peer's release or the close)
+/// and their bytes not written; the others go inline. Nothing (the caller sends as basic) when
+/// every tensor goes inline.
+std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameKind kind, std::uint64_t id,
+                                              std::string_view name, Bytes& payload, std::vector<Tensor>& tensors,
+                                              std::span<const Device> targets, bool flush) {
+    std::vector<std::uint8_t> by_ref(tensors.size(), 0);
+    bool any = false;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Device target = i < targets.size() ? targets[i] : tensors[i].device();
+        by_ref[i] = tensors[i].defined() && s.channels.by_reference(tensors[i], target) ? 1 : 0;
+        any = any || by_ref[i];
+    }
+    if (!any) return std::nullopt;
+    auto lease = detail::cma::Lease::acquire();
+    if (!lease) return std::nullopt;  // every lease of this process is taken: inline
+    const std::uint64_t hold = lease->id();
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
+    parts.hold = hold;
+    parts.by_ref = by_ref;
+    Bytes head;
+    bool inl = false;
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    std::vector<Tensor> held, written;
+    for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
+    s.stats.cma_sent += held.size();
+    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease)});
+    s.stats.cma_held = s.holds.size();
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
+}
+}  // namespace
+
+namespace {
+/// Queues a frame whose tensors a device channel prepared: staged ones inline (their sources
+/// named), those with a nonzero ref by reference under a new device hold that keeps `dev.keep`.
+Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
+                               Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
+                               const detail::DeviceParts& dev, bool flush) {
+    const bool refs = std::any_of(dev.refs.begin(), dev.refs.end(), [](std::uint64_t r) { return r != 0; });
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, dev.sources, {}};
+    if (refs) {
+        parts.hold = (std::uint64_t{1} << 63) | ++s.device_holds;
+        parts.refs = dev.refs;
+    }
+    Bytes head;
+    bool inl = false;
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    std::vector<Tensor> written;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (!refs || i >= dev.refs.size() || dev.refs[i] == 0) written.push_back(std::move(tensors[i]));
+    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}});
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
+}
+}  // namespace
+
+Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
+                                bool flush) {
+    auto& s = ConnectionAccess::state(c);
+    if (!s.open) return fail(s.closed_error());
+    if (auto c = basic_channel_carries(tensors, dev.refs); !c) return c;
+    ++s.sends;
+    return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);
+}
+
+void detail::release_hold(Connection& c, std::uint64_t hold) { ConnectionAccess::state(c).send_release(hold); }
+
+Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
+    auto& s = ConnectionAccess::state(c);
+    if (!s.open) return fail(s.closed_error());
+    if (!tensors.empty())
+        if (auto c = basic_channel_carries(tensors, {}); !c) return c;
+    ++s.sends;
+    if (s.channels.peer_pid() > 0 && !tensors.empty()) {
+        if (auto by_ref = send_by_reference(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
+    }
+    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
+    bool inl = false;
+    // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
+    // buffer; only a rest the socket does not take is queued for the writer.
+    if (flush && !s.writing && s.queue.empty() && tensors.size() <= detail::kDirectSendTensors) {
+        if (auto h = detail::encode_frame_head(parts, s.limits, s.scratch, inl); !h)
+            return fail(std::move(h).error().context("sending to " + s.who()));
+        return s.send_direct(payload, tensors, inl);
+    }
+    Bytes head;
+    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
+        return fail(std::move(h).error().context("sending to " + s.who()));
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors)}, flush);
+}
+
+}  // namespace tensorplay
