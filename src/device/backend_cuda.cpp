@@ -256,21 +256,17 @@ public:
         if (!dev) return fail(std::move(dev).error());
         auto& d = **dev;
         DeviceGuard guard(d.api(), d.index());
-        cudaEvent_t ev = nullptr;
-        if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
-            return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
-        auto seq = d.record(stream.id, ev);
+        auto ev = new_interprocess_event(d);
+        if (!ev) return fail(std::move(ev).error());
+        auto seq = d.record(stream.id, *ev);
         if (!seq) {
-            (void)d.api().cudaEventDestroy(ev);
+            (void)d.api().cudaEventDestroy(*ev);
             return fail(std::move(seq).error());
         }
-        auto state = std::make_shared<CudaEventState>(*dev, ev, group_of(d, stream.id), *seq, false);
-        cudaIpcEventHandle_t h;
-        if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
-        IpcHandle out;
-        static_assert(sizeof h == sizeof out);
-        std::memcpy(out.data(), &h, sizeof h);
-        return std::pair<Event, IpcHandle>(Event{std::move(state)}, out);
+        auto state = std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), *seq, false);
+        auto h = handle_of(d, *ev);
+        if (!h) return fail(std::move(h).error());
+        return std::pair<Event, IpcHandle>(Event{std::move(state)}, *h);
     }
 
     Result<Event> open_ipc_event(Device device, const IpcHandle& handle) override {
@@ -343,16 +339,13 @@ public:
         if (!dev) return fail(std::move(dev).error());
         auto& d = **dev;
         DeviceGuard guard(d.api(), d.index());
-        cudaEvent_t ev = nullptr;
-        if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
-            return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
+        auto ev = new_interprocess_event(d);
+        if (!ev) return fail(std::move(ev).error());
         // Its own group: the records of such an event do not follow one stream's order.
-        auto state = std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false, true);
-        cudaIpcEventHandle_t h;
-        if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
-        IpcHandle out;
-        std::memcpy(out.data(), &h, sizeof h);
-        return std::pair<Event, IpcHandle>(Event{std::move(state)}, out);
+        auto state = std::make_shared<CudaEventState>(*dev, *ev, foreign_groups.fetch_add(1), 0, false, true);
+        auto h = handle_of(d, *ev);
+        if (!h) return fail(std::move(h).error());
+        return std::pair<Event, IpcHandle>(Event{std::move(state)}, *h);
     }
 
     Result<void> record_again(Stream stream, const Event& event) override {
@@ -407,6 +400,24 @@ private:
         if (!state) return fail(std::move(state).error());  // the copy is queued; the caller must keep the buffers alive
         (*state)->on_ready([keep = std::move(keep_alive)]() mutable { keep.reset(); });
         return ok();
+    }
+
+    // A new interprocess event of `d` (current; timing disabled, as interprocess events must be).
+    static Result<cudaEvent_t> new_interprocess_event(CudaDevice& d) {
+        cudaEvent_t ev = nullptr;
+        if (auto e = d.api().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess); e != cudaSuccess)
+            return fail(d.failure("cudaEventCreateWithFlags(cudaEventInterprocess)", e));
+        return ev;
+    }
+
+    // The handle another process opens `ev` (an interprocess event of `d`) with.
+    static Result<IpcHandle> handle_of(CudaDevice& d, cudaEvent_t ev) {
+        cudaIpcEventHandle_t h;
+        if (auto e = d.api().cudaIpcGetEventHandle(&h, ev); e != cudaSuccess) return fail(d.failure("cudaIpcGetEventHandle", e));
+        IpcHandle out;
+        static_assert(sizeof h == sizeof out);
+        std::memcpy(out.data(), &h, sizeof h);
+        return out;
     }
 
     // A recycled event recorded on stream `id` of `dev` (current).

@@ -6,11 +6,12 @@
 #include "support/deadline.hpp"
 #include "support/processes.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -366,23 +367,34 @@ IpcHandle from_hex(const std::string& text) {
         h[i] = static_cast<std::uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
     return h;
 }
-// The steps of a two-process test, as empty files in a shared directory.
-void mark_step(const std::string& dir, const std::string& name) { std::ofstream(dir + "/" + name).close(); }
-// Waits until the step `name` is marked; false when `child` ended without marking it, or after 20 s.
-bool await_step(const std::string& dir, const std::string& name, Child* child = nullptr) {
-    const std::string path = dir + "/" + name;
+// The steps of a two-process test, as lines on two pipes (the child's ends inherited, their numbers
+// in TP_TEST_IPC_STEPS): a wait ends with the step, with EOF when the other process is gone, or
+// after 20 s.
+struct Steps {
+    int in = -1, out = -1;
+    std::string buffered;
+};
+void mark_step(Steps& s, const std::string& name) {
+    const std::string line = name + "\n";
+    REQUIRE(::write(s.out, line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+}
+bool await_step(Steps& s, const std::string& name) {
     const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (::access(path.c_str(), F_OK) != 0) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        int st = 0;
-        if (child != nullptr && !child->done && ::waitpid(child->pid, &st, WNOHANG) == child->pid) {
-            child->done = true;
-            child->status = st;
-            return ::access(path.c_str(), F_OK) == 0;
+    for (;;) {
+        if (const auto nl = s.buffered.find('\n'); nl != std::string::npos) {
+            const std::string line = s.buffered.substr(0, nl);
+            s.buffered.erase(0, nl + 1);
+            if (line == name) return true;
+            continue;
         }
-        std::this_thread::sleep_for(1ms);
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+        pollfd p{s.in, POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+        char buf[256];
+        const auto n = ::read(s.in, buf, sizeof buf);
+        if (n <= 0) return false;
+        s.buffered.append(buf, static_cast<std::size_t>(n));
     }
-    return true;
 }
 constexpr std::size_t ipc_bytes = 256 << 10;
 }  // namespace
@@ -392,7 +404,8 @@ constexpr std::size_t ipc_bytes = 256 << 10;
 // ("recorded<i>" in TP_TEST_IPC_DIR), waits on the event and copies the memory out; the copy must
 // see what the parent wrote before that record (pattern i).
 TEST_CASE("ipc backend child", "[.ipc_backend_child]") {
-    const std::string dir = std::getenv("TP_TEST_IPC_DIR");
+    Steps steps;
+    REQUIRE(std::sscanf(std::getenv("TP_TEST_IPC_STEPS"), "%d,%d", &steps.in, &steps.out) == 2);
     auto& b = cuda();
     const long imports = fake().present ? fake().live_imports() : 0;
     auto mem = b.open_memory(Device::cuda(0), from_hex(std::getenv("TP_TEST_IPC_MEM")), ipc_bytes);
@@ -409,14 +422,14 @@ TEST_CASE("ipc backend child", "[.ipc_backend_child]") {
     REQUIRE(got);
     for (int round = 1; round <= 2; ++round) {
         const auto i = std::to_string(round);
-        REQUIRE(await_step(dir, "recorded" + i));
+        REQUIRE(await_step(steps, "recorded" + i));
         std::memset((*got)->data(), 0xee, ipc_bytes);
         REQUIRE(b.wait_event(*s, *ev));
         REQUIRE(b.copy_async(*s, (*got)->data(), (*mem)->data(), ipc_bytes));
-        mark_step(dir, "queued" + i);  // the parent lets its copy and record run only now
+        mark_step(steps, "queued" + i);  // the parent lets its copy and record run only now
         sync(b, *s);
         CHECK(std::memcmp((*got)->data(), pattern(ipc_bytes, round).data(), ipc_bytes) == 0);
-        mark_step(dir, "checked" + i);
+        mark_step(steps, "checked" + i);
     }
     mem->reset();
     if (fake().present) CHECK(fake().live_imports() == imports);  // unmapped with the last reference
@@ -441,16 +454,19 @@ TEST_CASE("exportable memory and a re-recorded interprocess event order another 
     auto ipc = b.create_ipc_event(dev);
     REQUIRE(ipc);
 
-    char tmpl[] = "/tmp/tp-ipc-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    const std::string dir = tmpl;
+    int down[2], up[2];  // parent -> child, child -> parent; the parent's ends are not inherited
+    REQUIRE(::pipe(down) == 0);
+    REQUIRE(::pipe(up) == 0);
+    REQUIRE(::fcntl(down[1], F_SETFD, FD_CLOEXEC) == 0);
+    REQUIRE(::fcntl(up[0], F_SETFD, FD_CLOEXEC) == 0);
+    Steps steps{up[0], down[1], {}};
     char self[4096];
     const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
     REQUIRE(len > 0);
     self[len] = '\0';
     std::vector<Child> child;
     auto step = [&](const std::string& name) {
-        if (await_step(dir, name, &child[0])) return;
+        if (await_step(steps, name)) return;
         wait_all(child, 1s);
         FAIL("the child did not reach " << name << ": " << child[0].describe());
     };
@@ -462,10 +478,14 @@ TEST_CASE("exportable memory and a re-recorded interprocess event order another 
         std::memcpy((*staged)->data(), pattern(ipc_bytes, round).data(), ipc_bytes);
         REQUIRE(b.copy_async(*s, (*mem)->data(), (*staged)->data(), ipc_bytes));
         REQUIRE(b.record_again(*s, ipc->first));
-        mark_step(dir, "recorded" + i);
-        if (round == 1)
-            child.push_back(spawn({self, "[.ipc_backend_child]"}, {"TP_TEST_IPC_MEM=" + to_hex(*mh), "TP_TEST_IPC_EVENT=" +
-                                                                   to_hex(ipc->second), "TP_TEST_IPC_DIR=" + dir}));
+        mark_step(steps, "recorded" + i);
+        if (round == 1) {
+            child.push_back(spawn({self, "[.ipc_backend_child]"},
+                                  {"TP_TEST_IPC_MEM=" + to_hex(*mh), "TP_TEST_IPC_EVENT=" + to_hex(ipc->second),
+                                   "TP_TEST_IPC_STEPS=" + std::to_string(down[0]) + "," + std::to_string(up[1])}));
+            ::close(down[0]);  // (the child's ends: a read of ours ends with EOF once it is gone)
+            ::close(up[1]);
+        }
         step("queued" + i);
         std::this_thread::sleep_for(50ms);  // the child's copy would have run by now without its wait
         hold.release();
@@ -473,7 +493,8 @@ TEST_CASE("exportable memory and a re-recorded interprocess event order another 
         sync(b, *s);  // (the staging buffer is rewritten next round)
     }
     wait_all(child, 20s);
-    std::filesystem::remove_all(dir);
+    ::close(up[0]);
+    ::close(down[1]);
     INFO(child[0].describe());
     REQUIRE(child[0].exited_ok());
 }

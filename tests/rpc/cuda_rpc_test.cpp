@@ -3,8 +3,8 @@
 // semantics (a late producer, the handler's stream context and its reply, a competing stream);
 // 1,000 concurrent messages; a tensor dropped by its caller at once; the peer dying with copies in
 // flight. Normal suite: on the fake CUDA runtime (TP_CUDART, a TEST DOUBLE, 2 devices); `cuda`
-// suite: on a real GPU (TP_CUDA_REQUIRE_DEVICE=1; skipped, 77, without two devices... or one:
-// the maps then stay on cuda:0).
+// suite: on a real GPU (TP_CUDA_REQUIRE_DEVICE=1; 77 without a device; with one device the maps
+// stay on cuda:0).
 #define CATCH_CONFIG_RUNNER
 #include "rpc/agent_test_util.hpp"
 #include "rpc/cuda_test_util.hpp"

@@ -15,8 +15,8 @@ namespace tensorplay {
 struct Message {
     Message() = default;
     /// (A constructor, not aggregate initialisation: `Message{payload, {tensor}}` stays warning-free
-    /// with `streams` after them.)
-    Message(Bytes p, std::vector<Tensor> t = {}, std::vector<Stream> s = {})
+    /// with `streams` after them. Explicit: bytes do not turn into a Message unasked.)
+    explicit Message(Bytes p, std::vector<Tensor> t = {}, std::vector<Stream> s = {})
         : payload(std::move(p)), tensors(std::move(t)), streams(std::move(s)) {}
 
     Bytes payload;
