@@ -4,6 +4,7 @@
 #include <tensorplay/core/log.hpp>
 
 #include "rpc/device_outbox.hpp"
+#include "rpc/device_staging.hpp"
 #include "transport/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/transport.hpp"
@@ -212,6 +213,16 @@ Result<void> DeviceChannels::queue_copies(const Connection& conn, std::vector<Te
                 continue;
             }
             // (The outbox has no free range or event now: this tensor is staged instead.)
+        }
+        if (n > kStagingChunk) {
+            // Large: through a few slots, each chunk written as soon as it is in host memory.
+            auto source = stage_in_chunks(b, ds->stream, t);
+            if (!source) return fail(std::move(source).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));
+            out.parts.streamed.resize(tensors.size());
+            out.parts.streamed[i] = std::move(*source);
+            ++stats_.staged_sent;
+            ++stats_.chunked_sent;
+            continue;
         }
         auto staging = b.allocate_host(n);
         if (!staging) return fail(std::move(staging).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));

@@ -2,7 +2,8 @@
 // tensors is sent, its copies are ordered after the work on the message's streams and each device
 // tensor is staged in pinned host memory (cuda_basic: its bytes go inline) or copied into this
 // process's device outbox (cuda_ipc: the peer copies it out, device to device); an arriving
-// frame's device tensors are landed on fresh pool streams without any host wait.
+// frame's device tensors are landed on fresh pool streams without any host wait. A staged tensor
+// larger than a chunk goes through a few pinned slots while the frame is written (device_staging.hpp).
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -66,8 +67,8 @@ public:
 
     /// Sending on `conn`: orders the copies after the work queued on `streams` (the message's;
     /// default streams for the others), stages or places every device tensor, and waits (without
-    /// blocking a thread) until the staged bytes are in host memory. `targets[i]`: where tensor i
-    /// lands on the peer.
+    /// blocking a thread) until the staged bytes are in host memory (a tensor staged in chunks:
+    /// the connection's writer waits for each chunk). `targets[i]`: where tensor i lands on the peer.
     [[nodiscard]] Task<Result<PreparedTensors>> prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
                                                         std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
 
@@ -80,9 +81,10 @@ public:
     /// Forgets what was opened for `conn` (its peer's outboxes and events).
     void forget(const Connection* conn);
 
-    /// Counters for tests: tensors sent by cuda_ipc and by staging.
+    /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent: those of them
+    /// staged in chunks, device_staging.hpp).
     struct Stats {
-        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0;
+        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0;
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 

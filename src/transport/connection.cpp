@@ -26,6 +26,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <span>
+#include <utility>
 
 namespace tensorplay {
 namespace detail {
@@ -112,7 +114,7 @@ Task<Result<void>> ConnectionState::shm_write(std::vector<asio::const_buffer>& b
 }
 
 /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
-void ConnectionState::gather(std::vector<OutFrame>& frames, std::size_t skip) {
+void ConnectionState::gather(std::span<OutFrame> frames, std::size_t skip) {
     bufs.clear();
     for (auto& f : frames) {
         bufs.push_back(asio::buffer(f.head));
@@ -125,6 +127,10 @@ void ConnectionState::gather(std::vector<OutFrame>& frames, std::size_t skip) {
 
 /// Writes the queue now with one non-blocking sendmsg; the writer is woken for any rest.
 void ConnectionState::flush_now() {
+    if (streamed_queued) {  // (its pieces come from their sources: the writer's)
+        wake.complete_later();
+        return;
+    }
     gather(queue, queue_written);
     std::error_code ec;
     const std::size_t total = asio::buffer_size(bufs);
@@ -179,13 +185,84 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
         ++stats.frames_sent;
         return ok();
     }
-    queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(payload), std::move(tensors)});
+    queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(payload), std::move(tensors), {}});
     queue_written = written;
     wake.complete_later();
     return ok();
 }
 
 namespace {
+
+/// Writes every byte of `s.bufs` (the ring's way or the socket's), or the error that closes the
+/// connection.
+Task<Result<void>> write_all(ConnectionState& s) {
+    if (s.shm) {
+        auto w = co_await s.shm_write(s.bufs);
+        if (!w) co_return fail(std::move(w).error().context("writing to " + s.who()));
+        co_return ok();
+    }
+    std::error_code ec;
+    const std::size_t total = asio::buffer_size(s.bufs);
+    const std::size_t n = try_write_now(s.socket, s.bufs, s.iov, ec);
+    if (!ec && n < total) {
+        consume(s.bufs, n);
+        auto [aec, m] = co_await asio::async_write(s.socket, s.bufs, TransferRest{total - n}, use_nothrow);
+        ec = aec;
+    }
+    if (ec) co_return fail(from_error_code(ec, "writing to " + s.who()));
+    co_return ok();
+}
+
+/// Writes `s->batch`, some of whose frames have tensors from sources: the frames before such a
+/// tensor in one write, then its pieces one write each as its source yields them, then on. (The
+/// first `skip` bytes were written by a flush, which never takes a frame with sources.)
+Task<Result<void>> write_streamed(std::shared_ptr<ConnectionState> s, std::size_t skip) {
+    std::span<OutFrame> frames(s->batch);
+    std::size_t plain = 0;  // frames[0, plain) gathered and not yet written
+    auto flush_plain = [&](std::size_t upto) {
+        s->gather(frames.subspan(0, upto), skip);
+        skip = 0;
+        frames = frames.subspan(upto);
+    };
+    while (!frames.empty()) {
+        while (plain < frames.size() && frames[plain].sources.empty()) ++plain;
+        flush_plain(plain);
+        plain = 0;
+        if (frames.empty()) break;
+        OutFrame& f = frames[0];
+        // s->bufs holds the plain frames before this one: its head and payload join them.
+        s->bufs.push_back(asio::buffer(f.head));
+        if (!f.payload.empty()) s->bufs.push_back(asio::buffer(f.payload));
+        for (std::size_t i = 0; i < f.tensors.size(); ++i) {
+            const Tensor& t = f.tensors[i];
+            ByteSource* src = i < f.sources.size() ? f.sources[i].get() : nullptr;
+            if (!src) {
+                if (t.nbytes() > 0) s->bufs.push_back(asio::buffer(t.data(), t.nbytes()));
+                continue;
+            }
+            if (auto w = co_await write_all(*s); !w) co_return w;
+            std::size_t left = t.nbytes();
+            for (;;) {
+                auto piece = co_await src->next();
+                if (!piece) co_return fail(std::move(piece).error().context("writing tensor " + std::to_string(i) + " to " + s->who()));
+                if (piece->empty()) break;
+                if (piece->size() > left)
+                    co_return fail(Errc::internal, "the source of tensor " + std::to_string(i) + " gave more than its " +
+                                                       std::to_string(t.nbytes()) + " bytes");
+                left -= piece->size();
+                s->bufs.assign(1, asio::buffer(piece->data(), piece->size()));
+                if (auto w = co_await write_all(*s); !w) co_return w;
+            }
+            if (left > 0)
+                co_return fail(Errc::internal, "the source of tensor " + std::to_string(i) + " ended " + std::to_string(left) +
+                                                   " bytes short of its " + std::to_string(t.nbytes()));
+            s->bufs.clear();
+            f.sources[i].reset();  // (its staging goes back now)
+        }
+        frames = frames.subspan(1);
+    }
+    co_return co_await write_all(*s);
+}
 
 Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
     // (close() cancels the group and wakes us: we end by `open`, not by a throw at the next wait)
@@ -196,11 +273,23 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
             continue;
         }
         s->batch.swap(s->queue);
-        s->gather(s->batch, s->queue_written);
-        s->queue_written = 0;
         s->writing = true;
         ++s->stats.writes;
         s->stats.frames_sent += s->batch.size();
+        if (s->streamed_queued) [[unlikely]] {
+            s->streamed_queued = false;
+            const std::size_t skip = std::exchange(s->queue_written, 0);
+            auto w = co_await write_streamed(s, skip);
+            s->writing = false;
+            s->batch.clear();
+            if (!w) {
+                if (s->open) s->close(std::move(w).error().on_worker(s->peer.name));
+                break;
+            }
+            continue;
+        }
+        s->gather(s->batch, s->queue_written);
+        s->queue_written = 0;
         std::error_code ec;
         if (s->shm) {
             auto w = co_await s->shm_write(s->bufs);

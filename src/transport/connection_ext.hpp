@@ -67,6 +67,17 @@ struct ConnectionAccess {
 [[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                       std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
 
+/// A tensor's bytes, produced piece by piece while its frame is written (cuda_basic's staging
+/// slots): the writer asks for the next piece once it has written the previous one, whose memory
+/// the source may then reuse. Used on the connection's executor.
+class ByteSource {
+public:
+    virtual ~ByteSource() = default;
+    /// The next piece, valid until the next call; empty once every byte came. An error (or more or
+    /// fewer bytes than the tensor has) closes the connection: the frame is partly written.
+    [[nodiscard]] virtual Task<Result<std::span<const std::uint8_t>>> next() = 0;
+};
+
 /// What a device channel adds to a frame it prepared (src/rpc/device_channels.hpp).
 struct DeviceParts {
     /// Per tensor the device it was sent from, when not its own (a staged host copy of a device
@@ -77,6 +88,9 @@ struct DeviceParts {
     /// peer's release (or the close). Its tensors with refs need not be host-addressable.
     std::vector<std::uint64_t> refs;
     std::shared_ptr<void> keep;
+    /// Per tensor (missing or null: none) the source its bytes are written from instead of its
+    /// storage, which need not be host-addressable then. Such a frame waits for the writer.
+    std::vector<std::shared_ptr<ByteSource>> streamed;
 };
 
 /// As send_parts, for a frame a device channel prepared (no cma: CPU tensors go inline).

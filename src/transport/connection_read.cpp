@@ -189,7 +189,7 @@ void ConnectionState::send_release(std::uint64_t hold) {
     if (!open) return;
     ++sends;
     const bool was_empty = queue.empty();
-    queue.push_back(OutFrame{encode_release(hold), {}, {}});
+    queue.push_back(OutFrame{encode_release(hold), {}, {}, {}});
     // The writer writes it after this turn, unless a frame flushed meanwhile (a reply) takes it along.
     if (was_empty && !writing) wake.complete_later();
 }

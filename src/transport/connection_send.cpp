@@ -17,9 +17,10 @@ Result<void> Connection::send(Frame frame, bool flush) {
 namespace {
 /// The `basic` channel writes a tensor's bytes from the host: storage that the host cannot address
 /// (cuda memory) must go by a device channel (the agent's: staged, or by reference with `refs`).
-Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span<const std::uint64_t> refs) {
+Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span<const std::uint64_t> refs,
+                                   std::span<const std::shared_ptr<detail::ByteSource>> streamed = {}) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        if (!tensors[i].defined() || (i < refs.size() && refs[i] != 0)) continue;
+        if (!tensors[i].defined() || (i < refs.size() && refs[i] != 0) || (i < streamed.size() && streamed[i])) continue;
         const Device d = tensors[i].device();
         if (d.type == DeviceType::cpu) continue;
         auto backend = backend_for(d);
@@ -36,6 +37,7 @@ namespace {
 /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
 Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool flush) {
     const bool was_empty = s.queue.empty();
+    s.streamed_queued = s.streamed_queued || !out.sources.empty();
     s.queue.push_back(std::move(out));
     // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
     if (flush && !s.writing && s.queue_written == 0) {
@@ -79,13 +81,14 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     s.stats.cma_sent += held.size();
     s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease)});
     s.stats.cma_held = s.holds.size();
-    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
 }
 }  // namespace
 
 namespace {
 /// Queues a frame whose tensors a device channel prepared: staged ones inline (their sources
-/// named), those with a nonzero ref by reference under a new device hold that keeps `dev.keep`.
+/// named), streamed ones from their sources, those with a nonzero ref by reference under a new
+/// device hold that keeps `dev.keep`.
 Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
                                Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
                                const detail::DeviceParts& dev, bool flush) {
@@ -99,11 +102,15 @@ Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::
     bool inl = false;
     if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    std::vector<Tensor> written;
-    for (std::size_t i = 0; i < tensors.size(); ++i)
-        if (!refs || i >= dev.refs.size() || dev.refs[i] == 0) written.push_back(std::move(tensors[i]));
+    const bool streamed = std::any_of(dev.streamed.begin(), dev.streamed.end(), [](const auto& p) { return p != nullptr; });
+    detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(payload), {}, {}};
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (refs && i < dev.refs.size() && dev.refs[i] != 0) continue;
+        out.tensors.push_back(std::move(tensors[i]));
+        if (streamed) out.sources.push_back(i < dev.streamed.size() ? dev.streamed[i] : nullptr);
+    }
     if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}});
-    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written)}, flush);
+    return queue_frame(s, std::move(out), flush);
 }
 }  // namespace
 
@@ -112,7 +119,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
                                 bool flush) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
-    if (auto c = basic_channel_carries(tensors, dev.refs); !c) return c;
+    if (auto c = basic_channel_carries(tensors, dev.refs, dev.streamed); !c) return c;
     ++s.sends;
     return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);
 }
@@ -141,7 +148,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     Bytes head;
     if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors)}, flush);
+    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors), {}}, flush);
 }
 
 }  // namespace tensorplay

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +44,9 @@ struct OutFrame {
     Bytes head;
     Bytes payload;  // empty when inlined into head
     std::vector<Tensor> tensors;
+    /// Per tensor, where set: its bytes come from this source (DeviceParts::streamed), written by
+    /// the writer only (write_streamed).
+    std::vector<std::shared_ptr<ByteSource>> sources;
 };
 
 /// The read buffer: grown without zero-filling (every byte is written by a read before it is
@@ -128,6 +132,7 @@ struct ConnectionState {
     Bytes scratch;                  ///< the head of a frame sent directly (send_direct)
     std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
     bool writing = false;           ///< the writer is between taking a batch and finishing its write
+    bool streamed_queued = false;   ///< `queue` holds a frame with sources: only the writer writes it
     std::vector<asio::const_buffer> bufs;
     std::vector<iovec> iov;
     /// The writer parks here while the queue is empty; a send wakes it with a posted completion,
@@ -190,7 +195,7 @@ struct ConnectionState {
     }
 
     /// Points `bufs` at every byte of `frames`, skipping the first `skip` (already written).
-    void gather(std::vector<OutFrame>& frames, std::size_t skip);
+    void gather(std::span<OutFrame> frames, std::size_t skip);
 
     /// Writes the queue now with one non-blocking sendmsg; the writer is woken for any rest.
     void flush_now();

@@ -124,7 +124,9 @@ Task<bool> echo_round(RpcAgent& a, const Child& c, std::size_t n, int seed, bool
 }
 
 Task<int> routing(detail::NativeAgent& a, const Child& c) {
-    for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20, (std::size_t{3} << 20) + 17})
+    // (3 MiB + 17 and 9 MiB + 5: cuda_basic stages them in 2 MiB chunks through 4 slots, the
+    // second reusing slots.)
+    for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20, (std::size_t{3} << 20) + 17, (std::size_t{9} << 20) + 5})
         if (!co_await echo_round(a, c, n, static_cast<int>(n % 251), false)) co_return 20;
     // The pair chose the channel asked for, and it carried the tensors.
     auto info = co_await a.get_debug_info();
@@ -137,7 +139,8 @@ Task<int> routing(detail::NativeAgent& a, const Child& c) {
                  static_cast<unsigned long long>(st.ipc_sent), static_cast<unsigned long long>(st.ipc_received),
                  static_cast<unsigned long long>(st.staged_sent), static_cast<unsigned long long>(st.staged_received));
     if (c.channel == "cuda_ipc" && (st.ipc_sent == 0 || st.ipc_received == 0 || st.staged_sent != 0)) co_return 22;
-    if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0)) co_return 23;
+    if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0 || st.chunked_sent == 0))
+        co_return 23;
     co_return 0;
 }
 
@@ -145,6 +148,8 @@ Task<int> ordering(detail::NativeAgent& a, const Child& c) {
     // The producer's stream is slow: the agent's copies must wait for it.
     for (int i = 0; i < 3; ++i)
         if (!co_await echo_round(a, c, std::size_t{1} << 20, 40 + i, true)) co_return 30;
+    // So must the chunks of one staged in chunks (cuda_basic), each of them.
+    if (!co_await echo_round(a, c, (std::size_t{7} << 20) + 3, 45, true)) co_return 36;
     // The handler's kernel runs on its stream context after the inputs arrived; the reply waits.
     auto& b = cuda();
     auto s = b.acquire_stream(Device::cuda(0));

@@ -1,5 +1,6 @@
 // Connection under attack and failure: garbage, huge lengths, half frames, bad handshakes, timeouts.
 #include <tensorplay/transport/connection.hpp>
+#include <tensorplay/device/backend.hpp>
 
 #include "transport/connection_ext.hpp"
 #include "transport/transport_test_util.hpp"
@@ -487,5 +488,103 @@ TEST_CASE("join waits while the connection is open and completes when the peer g
         CHECK(sink->closed == 1);
         CHECK_FALSE(conn->is_open());
         (void)ex;
+    });
+}
+
+namespace {
+/// A tensor's bytes in pieces of `piece` bytes, each after a turn of the event loop (as a device
+/// copy completes); `fail_at`: the piece whose production fails instead; `short_by`: bytes left
+/// out at the end.
+struct PieceSource final : tensorplay::detail::ByteSource {
+    Bytes bytes;
+    std::size_t piece, at = 0, fail_at = SIZE_MAX, short_by = 0;
+    int calls = 0;
+    PieceSource(Bytes b, std::size_t p) : bytes(std::move(b)), piece(p) {}
+    Task<Result<std::span<const std::uint8_t>>> next() override {
+        asio::steady_timer t(co_await asio::this_coro::executor, 1ms);
+        co_await t.async_wait(asio::use_awaitable);
+        if (calls++ == static_cast<int>(fail_at)) co_return fail(Errc::device_error, "the copy of a piece failed");
+        const std::size_t end = bytes.size() - short_by;
+        const std::size_t n = std::min(piece, end - at);
+        std::span<const std::uint8_t> s(bytes.data() + at, n);
+        at += n;
+        co_return s;
+    }
+};
+
+Frame small(std::uint64_t id, std::string name) {
+    Frame f;
+    f.id = id;
+    f.payload = bytes(name);
+    f.name = std::move(name);
+    return f;
+}
+
+Bytes counted(std::size_t n, int seed) {
+    Bytes b(n);
+    for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>((i * 7 + static_cast<std::size_t>(seed)) % 251);
+    return b;
+}
+
+/// Sends `id` with one tensor of `n` bytes whose bytes come from `src`, behind and before plain frames.
+Result<void> send_streamed(Connection& c, std::uint64_t id, std::size_t n, std::shared_ptr<tensorplay::detail::ByteSource> src) {
+    auto t = empty(Device::cpu(), DType::uint8, {static_cast<std::int64_t>(n)});
+    REQUIRE(t);
+    std::vector<Tensor> tensors{*t};
+    tensorplay::detail::DeviceParts parts;
+    parts.streamed.push_back(std::move(src));
+    Bytes payload = bytes("streamed");
+    const std::string name = "s";
+    return tensorplay::detail::send_parts(c, FrameKind::request, id, name, payload, tensors, {}, parts, true);
+}
+}  // namespace
+
+TEST_CASE("a tensor written from a source in pieces arrives whole and in order with the frames around it", "[transport]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await test::make_pair();
+        const std::size_t n = (std::size_t{1} << 20) + 13;
+        const Bytes want = counted(n, 3);
+        REQUIRE(p.client->send(small(1, "before")));
+        REQUIRE(send_streamed(*p.client, 2, n, std::make_shared<PieceSource>(want, 100000)));
+        REQUIRE(p.client->send(small(3, "after")));
+        std::vector<Frame> got;
+        for (int i = 0; i < 3; ++i) {
+            auto f = co_await p.server->receive();
+            REQUIRE(f);
+            got.push_back(std::move(*f));
+        }
+        CHECK(got[0].id == 1);
+        CHECK(got[1].id == 2);
+        CHECK(got[2].id == 3);
+        REQUIRE(got[1].tensors.size() == 1);
+        const Tensor& t = got[1].tensors[0];
+        CHECK(Bytes(t.data(), t.data() + t.nbytes()) == want);
+        CHECK(got[1].payload == bytes("streamed"));
+        CHECK(p.client->is_open());
+    });
+}
+
+TEST_CASE("a source that fails, or ends short, closes that connection with the error and no other", "[transport][fault]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        for (int mode = 0; mode < 2; ++mode) {
+            auto p = co_await test::make_pair();
+            auto other = co_await test::make_pair();
+            const std::size_t n = 300000;
+            auto src = std::make_shared<PieceSource>(counted(n, 1), 100000);
+            if (mode == 0) src->fail_at = 1;
+            else src->short_by = 5;
+            REQUIRE(send_streamed(*p.client, 7, n, src));
+            auto f = co_await p.server->receive();
+            CHECK(!f);  // (the frame never arrives whole: its connection ends)
+            auto sent = p.client->send(small(8, "x"));
+            REQUIRE(!sent);
+            INFO(sent.error().to_string());
+            CHECK(sent.error().message().find(mode == 0 ? "the copy of a piece failed" : "5 bytes short") != std::string::npos);
+            // Another connection goes on.
+            REQUIRE(other.client->send(small(9, "y")));
+            auto g = co_await other.server->receive();
+            REQUIRE(g);
+            CHECK(g->id == 9);
+        }
     });
 }
