@@ -502,7 +502,8 @@ struct PieceSource final : tensorplay::detail::ByteSource {
     PieceSource(Bytes b, std::size_t p) : bytes(std::move(b)), piece(p) {}
     Task<Result<std::span<const std::uint8_t>>> next() override {
         asio::steady_timer t(co_await asio::this_coro::executor, 1ms);
-        co_await t.async_wait(asio::use_awaitable);
+        auto [ec] = co_await t.async_wait(tensorplay::detail::use_nothrow);
+        if (ec) co_return fail(Errc::cancelled, "the connection closed");
         if (calls++ == static_cast<int>(fail_at)) co_return fail(Errc::device_error, "the copy of a piece failed");
         const std::size_t end = bytes.size() - short_by;
         const std::size_t n = std::min(piece, end - at);
