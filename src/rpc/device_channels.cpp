@@ -104,7 +104,28 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
     return p;
 }
 
-void DeviceChannels::forget(const Connection* conn) { peers_.erase(conn); }
+void DeviceChannels::forget(const Connection* conn) {
+    peers_.erase(conn);
+    arriving_.erase(conn);
+}
+
+Result<std::shared_ptr<ByteSink>> DeviceChannels::sink(const Connection* conn, const TensorDesc& desc) {
+    if (!desc.target.is_cuda() || desc.nbytes <= kStagingChunk) return std::shared_ptr<ByteSink>();
+    auto b = backend_for(desc.target);
+    if (!b || (*b)->host_accessible() || desc.target.index >= (*b)->device_count())
+        return std::shared_ptr<ByteSink>();  // (the allocator says why)
+    auto& streams = arriving_[conn];
+    auto it = std::find_if(streams.begin(), streams.end(), [&](const tensorplay::Stream& s) { return s.device == desc.target; });
+    if (it == streams.end()) {
+        auto s = (*b)->acquire_stream(desc.target);
+        if (!s) return fail(std::move(s).error());
+        streams.push_back(*s);
+        it = streams.end() - 1;
+    }
+    auto landing = land_in_chunks(**b, *it, desc.dtype, desc.shape, desc.nbytes);
+    if (landing) ++stats_.chunked_received;
+    return landing;
+}
 
 // cuda_ipc for a tensor from our `source` to the peer's `target`: the pair chose it, we have an
 // outbox there, and our device reaches theirs (the same PCI device, or peer access).
@@ -285,6 +306,12 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
 }
 
 Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams) {
+    // (The streams the frame's sinks queued its chunked tensors' arrival on are its streams there.)
+    std::vector<tensorplay::Stream> arrived;
+    if (auto a = arriving_.find(conn.get()); a != arriving_.end()) {
+        arrived = std::move(a->second);
+        arriving_.erase(a);
+    }
     if (frame.device_hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
         return ok();  // (CPU tensors only: nothing to land)
     std::vector<DeviceStream> used;
@@ -293,7 +320,8 @@ Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame
         if (DeviceStream* ds = find_stream(used, d)) return ds;
         auto b = backend_for(d);
         if (!b) return fail(std::move(b).error());
-        auto s = (*b)->acquire_stream(d);
+        auto a = std::find_if(arrived.begin(), arrived.end(), [d](const tensorplay::Stream& s) { return s.device == d; });
+        auto s = a != arrived.end() ? Result<tensorplay::Stream>(*a) : (*b)->acquire_stream(d);
         if (!s) return fail(std::move(s).error());
         used.push_back(DeviceStream{*b, *s});
         streams.push_back(*s);

@@ -78,13 +78,19 @@ public:
     /// An error fails the frame (protocol_error: a bad ref, and the connection should close).
     [[nodiscard]] Result<void> land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams);
 
+    /// Receiving on `conn`, as the reader reads it: a sink that lands the staged tensor `desc`
+    /// describes on its target device chunk by chunk (device_staging.hpp), for one over a chunk
+    /// on a cuda target; null otherwise. Its stream becomes the frame's stream there (land).
+    [[nodiscard]] Result<std::shared_ptr<ByteSink>> sink(const Connection* conn, const TensorDesc& desc);
+
     /// Forgets what was opened for `conn` (its peer's outboxes and events).
     void forget(const Connection* conn);
 
-    /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent: those of them
-    /// staged in chunks, device_staging.hpp).
+    /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
+    /// those of them staged or landed in chunks, device_staging.hpp).
     struct Stats {
-        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0;
+        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0,
+                      chunked_received = 0;
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 
@@ -102,6 +108,8 @@ private:
     std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index
     std::map<const Connection*, std::unique_ptr<PeerDevices>> peers_;
     std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)
+    /// Per connection, the streams its sinks chose for the frame being read (land takes them).
+    std::map<const Connection*, std::vector<tensorplay::Stream>> arriving_;
     Stats stats_;
 };
 

@@ -64,7 +64,81 @@ private:
     std::deque<tensorplay::Event> ready_;  ///< per queued chunk not handed out yet, in order
 };
 
+/// What the queued host-to-device copies read and write (their keep-alive).
+struct Landing {
+    std::shared_ptr<Storage> device;
+    std::vector<std::shared_ptr<Storage>> slots;
+};
+
+class ChunkedLanding final : public ByteSink {
+public:
+    ChunkedLanding(DeviceBackend& b, tensorplay::Stream stream, std::shared_ptr<Landing> p, std::size_t chunk, std::size_t nbytes,
+                   DType dtype, std::vector<std::int64_t> shape)
+        : b_(b), stream_(stream), p_(std::move(p)), chunk_(chunk), total_(nbytes), dtype_(dtype),
+          shape_(std::move(shape)), copied_(p_->slots.size()) {}
+
+    Task<Result<std::span<std::uint8_t>>> next() override {
+        if (auto q = queue_filled(); !q) co_return fail(std::move(q).error());
+        const std::size_t slot = (filled_ / chunk_) % p_->slots.size();
+        // The slot's previous chunk must have gone up before the reader writes over it.
+        tensorplay::Event before = std::move(copied_[slot]);
+        copied_[slot] = {};
+        if (auto w = co_await b_.wait(std::move(before)); !w) co_return fail(std::move(w).error().context("landing a staged chunk"));
+        handed_ = filled_ + std::min(chunk_, total_ - filled_);
+        co_return std::span<std::uint8_t>(p_->slots[slot]->data(), handed_ - filled_);
+    }
+
+    Result<Tensor> finish() override {
+        if (auto q = queue_filled(); !q) return fail(std::move(q).error());
+        if (filled_ != total_)
+            return fail(Errc::internal,
+                        "a staged tensor landed " + std::to_string(filled_) + " of its " + std::to_string(total_) + " bytes");
+        return Tensor::wrap(p_->device, dtype_, shape_);
+    }
+
+private:
+    /// Queues the copy up of the piece handed out last (the reader filled it).
+    Result<void> queue_filled() {
+        if (handed_ == filled_) return ok();
+        const std::size_t slot = (filled_ / chunk_) % p_->slots.size();
+        auto c = b_.copy_async(stream_, p_->device->data() + filled_, p_->slots[slot]->data(), handed_ - filled_, p_);
+        if (!c) return c;
+        auto ev = b_.record_event(stream_);
+        if (!ev) return fail(std::move(ev).error());
+        copied_[slot] = std::move(*ev);
+        filled_ = handed_;
+        return ok();
+    }
+
+    DeviceBackend& b_;
+    tensorplay::Stream stream_;
+    std::shared_ptr<Landing> p_;
+    std::size_t chunk_, total_;
+    DType dtype_;
+    std::vector<std::int64_t> shape_;
+    std::size_t filled_ = 0, handed_ = 0;      ///< bytes read and queued up; bytes handed out
+    std::vector<tensorplay::Event> copied_;    ///< per slot: its last copy up (default: none)
+};
+
 }  // namespace
+
+Result<std::shared_ptr<ByteSink>> land_in_chunks(DeviceBackend& backend, tensorplay::Stream stream, DType dtype,
+                                                 std::vector<std::int64_t> shape, std::size_t nbytes, std::size_t chunk,
+                                                 std::size_t slots) {
+    if (chunk == 0 || slots == 0) return fail(Errc::invalid_argument, "landing needs a chunk size and at least one slot");
+    auto p = std::make_shared<Landing>();
+    auto device = backend.allocate_on(stream, nbytes);
+    if (!device) return fail(std::move(device).error().context("landing " + std::to_string(nbytes) + " bytes"));
+    p->device = std::move(*device);
+    const std::size_t chunks = (nbytes + chunk - 1) / chunk;
+    for (std::size_t k = 0; k < std::min(slots, chunks); ++k) {
+        auto slot = backend.allocate_host(chunk);
+        if (!slot) return fail(std::move(slot).error().context("a landing slot for " + stream.device.str()));
+        p->slots.push_back(std::move(*slot));
+    }
+    auto sink = std::make_shared<ChunkedLanding>(backend, stream, std::move(p), chunk, nbytes, dtype, std::move(shape));
+    return std::shared_ptr<ByteSink>(std::move(sink));
+}
 
 Result<std::shared_ptr<ByteSource>> stage_in_chunks(DeviceBackend& backend, tensorplay::Stream stream, Tensor tensor,
                                                     std::size_t chunk, std::size_t slots) {

@@ -153,6 +153,8 @@ private:
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
+    if (device_channels)  // (large staged cuda tensors land chunk by chunk as they are read)
+        set_sink_allocator(*conn, [this, c = conn.get()](const TensorDesc& d) { return device_channels->sink(c, d); });
     // Short reads: a FIN or reset that comes with the last bytes is still seen at once where it
     // matters (an unfinished frame; replies awaited with nothing sent since: awaiting_input), and
     // elsewhere by the send that follows (every request is answered; docs/protocol.md, "Receiving").

@@ -534,6 +534,10 @@ Executor Connection::get_executor() const { return state_->socket.get_executor()
 
 void Connection::set_allocator(TensorAllocator allocator) { state_->allocator = std::move(allocator); }
 
+void detail::set_sink_allocator(Connection& c, SinkAllocator allocator) {
+    ConnectionAccess::state(c).sink_allocator = std::move(allocator);
+}
+
 // (A stream other than TCP always reads short: TCP_INQ is TCP's.)
 void detail::set_short_reads(Connection& c, bool short_reads) {
     auto& s = ConnectionAccess::state(c);

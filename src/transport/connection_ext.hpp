@@ -8,6 +8,7 @@
 #include "transport/transport.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -77,6 +78,26 @@ public:
     /// fewer bytes than the tensor has) closes the connection: the frame is partly written.
     [[nodiscard]] virtual Task<Result<std::span<const std::uint8_t>>> next() = 0;
 };
+
+/// Takes a tensor's bytes piece by piece as the reader reads them (cuda_basic's receiving slots),
+/// instead of the connection's allocator giving memory for all of them. Used on the connection's
+/// executor.
+class ByteSink {
+public:
+    virtual ~ByteSink() = default;
+    /// Where the next bytes go (the piece given before is filled): at least one byte, at most the
+    /// bytes left; may wait (a slot's previous copy). An error fails the frame only: the rest of
+    /// the tensor is read and dropped.
+    [[nodiscard]] virtual Task<Result<std::span<std::uint8_t>>> next() = 0;
+    /// Every byte was read (the last piece filled): the tensor they make.
+    [[nodiscard]] virtual Result<Tensor> finish() = 0;
+};
+
+/// Gives a sink for the tensor `desc` describes, or null: the connection's allocator then.
+using SinkAllocator = std::function<Result<std::shared_ptr<ByteSink>>(const TensorDesc&)>;
+
+/// Sets `c`'s sink allocator (asked first, for each tensor whose bytes are on the stream).
+void set_sink_allocator(Connection& c, SinkAllocator allocator);
 
 /// What a device channel adds to a frame it prepared (src/rpc/device_channels.hpp).
 struct DeviceParts {

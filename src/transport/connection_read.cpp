@@ -113,6 +113,22 @@ Task<Result<void>> ConnectionState::skip(std::size_t n) {
     co_return ok();
 }
 
+Task<Result<void>> ConnectionState::read_sunk(ByteSink& sink, std::size_t n, std::optional<Error>& refused) {
+    while (n > 0) {
+        auto piece = co_await sink.next();
+        if (piece && (piece->empty() || piece->size() > n))
+            piece = fail(Errc::internal, "a tensor sink gave " + std::to_string(piece->size()) + " bytes of room for " +
+                                             std::to_string(n) + " bytes");
+        if (!piece) {
+            refused = std::move(piece).error();
+            co_return co_await skip(n);
+        }
+        if (auto r = co_await read_into(piece->data(), piece->size()); !r) co_return r;
+        n -= piece->size();
+    }
+    co_return ok();
+}
+
 /// The common case without waiting: a whole frame without tensors in the buffer, viewed where
 /// it lies (and consumed: the views stay valid until the buffer is next read into or
 /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
@@ -415,11 +431,33 @@ Task<Result<Frame>> ConnectionState::read_general() {
             continue;
         }
         Result<Tensor> t;
+        std::shared_ptr<ByteSink> sink;
         bool taken = false;
-        if (limits.budget && desc.nbytes > 0 && !(taken = limits.budget->try_take(desc.nbytes)))
+        if (limits.budget && desc.nbytes > 0 && !(taken = limits.budget->try_take(desc.nbytes))) {
             t = fail(budget_error(*this, desc.nbytes, "a tensor"));
-        else
+        } else if (auto sk = remote == 0 && sink_allocator ? sink_allocator(desc) : Result<std::shared_ptr<ByteSink>>(nullptr); !sk) {
+            t = fail(std::move(sk).error());
+        } else if (*sk) {
+            sink = std::move(*sk);
+        } else {
             t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
+        }
+        if (sink) {
+            // Its bytes go to the sink as they are read; the tensor is what it makes of them.
+            std::optional<Error> refused;
+            if (auto r = co_await read_sunk(*sink, desc.nbytes, refused); !r) co_return fail(r.error());
+            if (!refused) {
+                t = sink->finish();
+                if (t && t->nbytes() != desc.nbytes) t = fail(Errc::internal, "a tensor sink made a tensor of the wrong size");
+            }
+            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
+            if (refused || !t) {
+                if (!f.alloc_error) f.alloc_error = refused ? std::move(*refused) : std::move(t).error();
+                continue;
+            }
+            f.tensors.push_back(std::move(*t));
+            continue;
+        }
         if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
             t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
         if (taken) {

@@ -105,6 +105,7 @@ struct ConnectionState {
     std::string endpoint;
     int peer_pid = -1;  ///< the peer's pid as the kernel reported it (Stream::peer_pid); -1: unknown (TCP)
     TensorAllocator allocator;
+    SinkAllocator sink_allocator;  ///< asked before `allocator` (set_sink_allocator)
     /// Which channel carries each tensor's bytes (set when the handshake is done).
     ChannelTable channels;
     /// Tensors the peer reads from our memory (cma), under a lease whose id is the frame's hold.
@@ -217,6 +218,9 @@ struct ConnectionState {
     Task<Result<void>> read_into(std::uint8_t* dst, std::size_t n);
     /// Reads and drops `n` bytes (a refused tensor's).
     Task<Result<void>> skip(std::size_t n);
+    /// Reads `n` bytes into `sink`, piece by piece. A sink's error is returned in `refused` (the
+    /// rest of the bytes skipped); a read's error is the result (the connection is closed).
+    Task<Result<void>> read_sunk(ByteSink& sink, std::size_t n, std::optional<Error>& refused);
 
     /// shm: reads up to `n` bytes into `dst`, at least one: what has arrived, else it looks again
     /// for shm_spin (yielding to the event loop between looks), then sleeps on the doorbell.

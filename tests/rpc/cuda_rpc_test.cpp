@@ -139,7 +139,8 @@ Task<int> routing(detail::NativeAgent& a, const Child& c) {
                  static_cast<unsigned long long>(st.ipc_sent), static_cast<unsigned long long>(st.ipc_received),
                  static_cast<unsigned long long>(st.staged_sent), static_cast<unsigned long long>(st.staged_received));
     if (c.channel == "cuda_ipc" && (st.ipc_sent == 0 || st.ipc_received == 0 || st.staged_sent != 0)) co_return 22;
-    if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0 || st.chunked_sent == 0))
+    if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0 || st.chunked_sent == 0 ||
+                                      st.chunked_received == 0))
         co_return 23;
     co_return 0;
 }
@@ -150,6 +151,16 @@ Task<int> ordering(detail::NativeAgent& a, const Child& c) {
         if (!co_await echo_round(a, c, std::size_t{1} << 20, 40 + i, true)) co_return 30;
     // So must the chunks of one staged in chunks (cuda_basic), each of them.
     if (!co_await echo_round(a, c, (std::size_t{7} << 20) + 3, 45, true)) co_return 36;
+    // The reply lands here in chunks while every pool stream is slow: a landing slot must not be
+    // read into again before its chunk's copy up ran (cuda_basic; a missing wait shows as wrong bytes).
+    std::vector<Stream> pool;
+    for (int d = 0; d < c.devices; ++d)
+        for (int k = 0; k < 4; ++k)  // (the pool's size: acquire_stream goes round)
+            if (auto p = cuda().acquire_stream(Device::cuda(d))) pool.push_back(*p);
+    for (const Stream& p : pool) slow_down(p, 5000);
+    const bool landed = co_await echo_round(a, c, (std::size_t{9} << 20) + 1, 46, false);
+    for (const Stream& p : pool) slow_down(p, 0);
+    if (!landed) co_return 37;
     // The handler's kernel runs on its stream context after the inputs arrived; the reply waits.
     auto& b = cuda();
     auto s = b.acquire_stream(Device::cuda(0));

@@ -589,3 +589,67 @@ TEST_CASE("a source that fails, or ends short, closes that connection with the e
         }
     });
 }
+
+namespace {
+/// Takes a tensor's bytes in pieces of at most `piece` bytes; `fail_at`: the piece it refuses.
+struct PieceSink final : tensorplay::detail::ByteSink {
+    Bytes got;
+    std::size_t piece, handed = 0, fail_at = SIZE_MAX;
+    int calls = 0;
+    explicit PieceSink(std::size_t p) : piece(p) {}
+    Task<Result<std::span<std::uint8_t>>> next() override {
+        if (calls++ == static_cast<int>(fail_at)) co_return fail(Errc::device_error, "no room for a piece");
+        const std::size_t at = got.size();
+        got.resize(at + piece);
+        handed = piece;
+        co_return std::span<std::uint8_t>(got.data() + at, piece);
+    }
+    Result<Tensor> finish() override {
+        auto t = empty(Device::cpu(), DType::uint8, {static_cast<std::int64_t>(got.size())});
+        if (t) std::memcpy(t->data(), got.data(), got.size());
+        return t;
+    }
+};
+}  // namespace
+
+TEST_CASE("a sink takes a tensor's bytes in pieces; one that refuses fails that frame only", "[transport][fault]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await test::make_pair();
+        std::shared_ptr<PieceSink> sink;
+        using SinkPtr = std::shared_ptr<tensorplay::detail::ByteSink>;
+        tensorplay::detail::set_sink_allocator(*p.server, [&sink](const TensorDesc& d) -> Result<SinkPtr> {
+            if (d.nbytes < 1000) return SinkPtr();  // (the allocator's)
+            return SinkPtr(sink);
+        });
+        for (int mode = 0; mode < 2; ++mode) {
+            const std::size_t n = 40000;
+            sink = std::make_shared<PieceSink>(n / 4);
+            if (mode == 1) sink->fail_at = 2;
+            const Bytes want = counted(n, 5 + mode);
+            auto small_t = empty(Device::cpu(), DType::uint8, {3});
+            auto big_t = empty(Device::cpu(), DType::uint8, {static_cast<std::int64_t>(n)});
+            REQUIRE(small_t);
+            REQUIRE(big_t);
+            std::memcpy(big_t->data(), want.data(), n);
+            Frame f = small(10 + static_cast<std::uint64_t>(mode), "t");
+            f.tensors = {*small_t, *big_t};
+            REQUIRE(p.client->send(std::move(f)));
+            REQUIRE(p.client->send(small(20 + static_cast<std::uint64_t>(mode), "next")));
+            auto got = co_await p.server->receive();
+            REQUIRE(got);
+            if (mode == 0) {
+                CHECK(!got->alloc_error);
+                REQUIRE(got->tensors.size() == 2);
+                CHECK(Bytes(got->tensors[1].data(), got->tensors[1].data() + n) == want);
+                CHECK(sink->calls == 4);
+            } else {
+                REQUIRE(got->alloc_error);
+                CHECK(got->alloc_error->message().find("no room for a piece") != std::string::npos);
+            }
+            auto after = co_await p.server->receive();  // (the stream is intact)
+            REQUIRE(after);
+            CHECK(after->id == 20 + static_cast<std::uint64_t>(mode));
+        }
+        CHECK(p.server->is_open());
+    });
+}
