@@ -445,12 +445,13 @@ Task<Result<Frame>> ConnectionState::read_general() {
         if (sink) {
             // Its bytes go to the sink as they are read; the tensor is what it makes of them.
             std::optional<Error> refused;
-            if (auto r = co_await read_sunk(*sink, desc.nbytes, refused); !r) co_return fail(r.error());
+            auto r = co_await read_sunk(*sink, desc.nbytes, refused);
+            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
+            if (!r) co_return fail(r.error());
             if (!refused) {
                 t = sink->finish();
                 if (t && t->nbytes() != desc.nbytes) t = fail(Errc::internal, "a tensor sink made a tensor of the wrong size");
             }
-            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
             if (refused || !t) {
                 if (!f.alloc_error) f.alloc_error = refused ? std::move(*refused) : std::move(t).error();
                 continue;
