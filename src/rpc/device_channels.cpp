@@ -107,6 +107,9 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
 void DeviceChannels::forget(const Connection* conn) {
     peers_.erase(conn);
     arriving_.erase(conn);
+    // (Its frames waiting for chunks are dropped; copies already queued keep what they use.)
+    std::erase_if(sending_, [conn](const auto& e) { return std::get<0>(e.first) == conn; });
+    std::erase_if(landing_, [conn](const auto& e) { return std::get<0>(e.first) == conn; });
 }
 
 Result<std::shared_ptr<ByteSink>> DeviceChannels::sink(const Connection* conn, const TensorDesc& desc) {
@@ -178,15 +181,6 @@ Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_p
 
 }  // namespace
 
-/// A frame's copies on one device: the stream they run on, and what they are.
-struct DeviceStream {
-    DeviceBackend* backend = nullptr;
-    tensorplay::Stream stream;
-    bool staged = false;     ///< sending: copies to host memory were queued (the frame waits for them)
-    int event = -1;          ///< sending: the outbox event the frame's cuda_ipc copies are recorded on
-    bool from_peer = false;  ///< receiving: copies out of the peer's outbox were queued
-};
-
 namespace {
 DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
     for (auto& s : v)
@@ -195,7 +189,7 @@ DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
 }
 }  // namespace
 
-Result<void> DeviceChannels::queue_copies(const Connection& conn, std::vector<Tensor>& tensors,
+Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                           const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
                                           PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -214,22 +208,45 @@ Result<void> DeviceChannels::queue_copies(const Connection& conn, std::vector<Te
         }
         DeviceBackend& b = *ds->backend;
         const std::size_t n = t.nbytes();
-        if (ipc_viable(conn, d, targets[i])) {
+        if (ipc_viable(*conn, d, targets[i])) {
             auto& box = outboxes_.at(d.index);
-            std::optional<std::size_t> off = box->take_range(n);
+            // Larger than a ring: through one, in chunks (device_rings.hpp).
+            const bool ring = n > box->ring_bytes();
+            const std::size_t len = ring ? box->ring_bytes() : n;
+            std::optional<std::size_t> off = box->take_range(len);
             if (off && ds->event < 0) {
                 if (auto k = box->take_event()) {
                     ds->event = *k;
                     hold.events.emplace_back(box, *k);
                 } else {
-                    box->give_range(*off, n);
+                    box->give_range(*off, len);
                     off.reset();
                 }
             }
             if (off) {
-                hold.ranges.push_back(OutboxHold::Range{box, *off, n});
-                if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) return c;
-                out.parts.refs[i] = encode_ipc_ref(*off, ds->event);
+                hold.ranges.push_back(OutboxHold::Range{box, *off, len});
+                if (!ring) {
+                    if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) return c;
+                } else {
+                    auto rs = std::make_shared<RingSend>();
+                    rs->conn = conn;
+                    rs->box = box;
+                    rs->backend = &b;
+                    rs->stream = ds->stream;
+                    rs->event = ds->event;
+                    rs->tensor = t;
+                    rs->offset = *off;
+                    rs->chunk = box->chunk();
+                    rs->chunks = static_cast<std::uint32_t>((n + rs->chunk - 1) / rs->chunk);
+                    rs->freed.assign(rs->chunks, false);
+                    for (std::uint32_t k = 0; k < kOutboxRing; ++k)  // (the rest after the peer's "free")
+                        if (auto c = rs->copy_in(k); !c) return c;
+                    std::erase_if(sending_, [](const auto& e) { return e.second.expired(); });  // (frames never sent)
+                    sending_[RingKey{conn.get(), d.index, *off}] = rs;
+                    hold.sends.push_back(std::move(rs));
+                    ++stats_.ring_sent;
+                }
+                out.parts.refs[i] = encode_ipc_ref(*off, ds->event, ring);
                 ++stats_.ipc_sent;
                 continue;
             }
@@ -279,7 +296,7 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     std::vector<DeviceStream> used;
     used.reserve(tensors.size());  // (pointers into it stay valid)
     auto hold = std::make_shared<OutboxHold>();
-    auto queued = queue_copies(*conn, tensors, streams, targets, out, used, *hold);
+    auto queued = queue_copies(conn, tensors, streams, targets, out, used, *hold);
     for (auto& ds : used) {
         if (!queued || !ds.staged) continue;
         // Staged bytes go on the socket: the host waits for them (suspending this coroutine only).
@@ -305,7 +322,8 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     co_return out;
 }
 
-Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams) {
+Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame,
+                                                    std::vector<tensorplay::Stream>& streams, Deliver later) {
     // (The streams the frame's sinks queued its chunked tensors' arrival on are its streams there.)
     std::vector<tensorplay::Stream> arrived;
     if (auto a = arriving_.find(conn.get()); a != arriving_.end()) {
@@ -313,7 +331,7 @@ Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame
         arriving_.erase(a);
     }
     if (frame.device_hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
-        return ok();  // (CPU tensors only: nothing to land)
+        return Landed::now;  // (CPU tensors only: nothing to land)
     std::vector<DeviceStream> used;
     used.reserve(frame.tensors.size());  // (pointers into it stay valid)
     auto stream_on = [&](Device d) -> Result<DeviceStream*> {
@@ -327,6 +345,7 @@ Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame
         streams.push_back(*s);
         return &used.back();
     };
+    std::vector<std::shared_ptr<RingLanding>> rings;
     auto landed = [&]() -> Result<void> {
         if (frame.alloc_error) return ok();  // (the frame fails as it is: nothing to land)
         for (std::size_t i = 0; i < frame.tensors.size() && i < frame.targets.size(); ++i) {
@@ -347,50 +366,114 @@ Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame
             ++stats_.staged_received;
         }
         if (frame.device_refs.empty()) return ok();
-        PeerDevices& p = peer_of(*conn);
-        if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
-        for (const auto& ref : frame.device_refs) {
-            const TensorDesc& desc = ref.desc;
-            auto r = decode_ipc_ref(ref.ref);
-            if (!r) return fail(std::move(r).error());
-            const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
-            if (!theirs || !theirs->outbox || r->event >= static_cast<int>(theirs->events.size()) || r->offset > theirs->size ||
-                desc.nbytes > theirs->size - r->offset)
-                return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names " +
-                                                      std::to_string(desc.nbytes) + " bytes at " + std::to_string(r->offset) +
-                                                      " (event " + std::to_string(r->event) + ") of an outbox on " +
-                                                      desc.source.str() + " that its offer does not have");
-            auto ds = stream_on(desc.target);
-            if (!ds) return fail(std::move(ds).error());
-            DeviceBackend& b = *(*ds)->backend;
-            auto& memory = p.memory[{theirs->index, desc.target.index}];
-            if (!memory) {
-                auto m = b.open_memory(desc.target, theirs->memory, theirs->size);
-                if (!m) return fail(std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str()));
-                memory = std::move(*m);
-            }
-            auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
-            if (!ev.state()) {
-                auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
-                if (!e) return fail(std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str()));
-                ev = std::move(*e);
-            }
-            if (auto w = b.wait_event((*ds)->stream, ev); !w) return w;
-            auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
-            if (!dst) return fail(std::move(dst).error());
-            auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
-            if (!t) return fail(std::move(t).error());
-            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory); !c) return c;
-            frame.tensors[ref.index] = std::move(*t);
-            (*ds)->from_peer = true;
-            ++stats_.ipc_received;
-        }
-        return ok();
+        return land_refs(conn, frame, stream_on, rings);
     }();
-    if (frame.device_hold == 0) return landed;
-    // The hold goes back once every copy out of the peer's outbox has run: one stream waits for
-    // the others, and a coroutine of the agent's awaits an event after them. (After a failure
-    // too: the frame is dropped, so what its copies read no longer matters.)
+    if (landed && !rings.empty()) {
+        // Chunks are still to come: the frame waits for them (the hold with it); each copied-out
+        // chunk whose slot a later one uses is said "free" once its copy ran.
+        auto pending = std::make_shared<PendingFrame>();
+        pending->conn = conn;
+        pending->rings = static_cast<int>(rings.size());
+        pending->deliver = std::move(later);
+        for (auto& l : rings) {
+            l->frame = pending;
+            for (auto& [ev, chunk] : l->frees)
+                spawn_(free_after(*l->backend, std::move(ev), conn, RingNotice{l->device, l->offset, chunk}));
+            l->frees.clear();
+            landing_[RingKey{conn.get(), l->device, l->offset}] = std::move(l);
+        }
+        pending->frame = std::move(frame);
+        pending->streams = std::move(streams);
+        pending->used = std::move(used);
+        return Landed::later;
+    }
+    if (frame.device_hold != 0) release_when_copied(conn, used, frame.device_hold);
+    if (!landed) return fail(std::move(landed).error());
+    return Landed::now;
+}
+
+Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
+                                       const std::function<Result<DeviceStream*>(Device)>& stream_on,
+                                       std::vector<std::shared_ptr<RingLanding>>& rings) {
+    PeerDevices& p = peer_of(*conn);
+    if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
+    for (const auto& ref : frame.device_refs) {
+        const TensorDesc& desc = ref.desc;
+        auto r = decode_ipc_ref(ref.ref);
+        if (!r) return fail(std::move(r).error());
+        const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
+        // (A ring: the tensor is larger than it, and it lies in the outbox.)
+        const std::uint64_t len = theirs && r->chunked ? theirs->chunk * theirs->ring : desc.nbytes;
+        if (!theirs || !theirs->outbox || r->event >= static_cast<int>(theirs->events.size()) || r->offset > theirs->size ||
+            len > theirs->size - r->offset)
+            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names " + std::to_string(len) +
+                                                  " bytes at " + std::to_string(r->offset) + (r->chunked ? " (a ring, event " : " (event ") +
+                                                  std::to_string(r->event) + ") of an outbox on " + desc.source.str() +
+                                                  " that its offer does not have");
+        if (r->chunked && desc.nbytes <= len)
+            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " of " + std::to_string(desc.nbytes) +
+                                                  " bytes comes through a ring of " + std::to_string(len) + " bytes, which it fits whole");
+        const RingKey key{conn.get(), theirs->index, r->offset};
+        if (r->chunked && (landing_.count(key) || std::any_of(rings.begin(), rings.end(), [&](const auto& l) {
+                               return l->device == theirs->index && l->offset == r->offset;
+                           })))
+            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names the ring at " +
+                                                  std::to_string(r->offset) + " of " + desc.source.str() +
+                                                  ", which another tensor still uses");
+        auto ds = stream_on(desc.target);
+        if (!ds) return fail(std::move(ds).error());
+        DeviceBackend& b = *(*ds)->backend;
+        auto& memory = p.memory[{theirs->index, desc.target.index}];
+        if (!memory) {
+            auto m = b.open_memory(desc.target, theirs->memory, theirs->size);
+            if (!m) return fail(std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str()));
+            memory = std::move(*m);
+        }
+        auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
+        if (!ev.state()) {
+            auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
+            if (!e) return fail(std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str()));
+            ev = std::move(*e);
+        }
+        if (auto w = b.wait_event((*ds)->stream, ev); !w) return w;
+        auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
+        if (!dst) return fail(std::move(dst).error());
+        auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
+        if (!t) return fail(std::move(t).error());
+        if (!r->chunked) {
+            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory); !c) return c;
+        } else {
+            // Its first chunks are in the ring already (the event above orders after them).
+            auto l = std::make_shared<RingLanding>();
+            l->backend = &b;
+            l->stream = (*ds)->stream;
+            l->memory = memory;
+            l->event = ev;
+            l->dst = (*dst)->data();
+            l->device = theirs->index;
+            l->offset = r->offset;
+            l->nbytes = desc.nbytes;
+            l->chunk = static_cast<std::size_t>(theirs->chunk);
+            l->ring = theirs->ring;
+            l->chunks = static_cast<std::uint32_t>((desc.nbytes + l->chunk - 1) / l->chunk);
+            l->arrived.assign(l->chunks, false);
+            for (std::uint32_t j = 0; j < l->ring; ++j)
+                if (auto c = l->copy_out(j); !c) return c;
+            rings.push_back(std::move(l));
+            ++stats_.ring_received;
+        }
+        frame.tensors[ref.index] = std::move(*t);
+        (*ds)->from_peer = true;
+        ++stats_.ipc_received;
+    }
+    return ok();
+}
+
+// The hold goes back once every copy out of the peer's outbox has run: one stream waits for the
+// others, and a coroutine of the agent's awaits an event after them. (After a failure too: the
+// frame is dropped, so what its copies read no longer matters.)
+void DeviceChannels::release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used,
+                                         std::uint64_t hold) {
     DeviceStream* last = nullptr;
     for (auto& ds : used) {
         if (!ds.from_peer) continue;
@@ -402,12 +485,11 @@ Result<void> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame
     }
     if (last) {
         if (auto ev = last->backend->record_event(last->stream)) {
-            spawn_(release_after(*last->backend, *ev, conn, frame.device_hold));
-            return landed;
+            spawn_(release_after(*last->backend, *ev, conn, hold));
+            return;
         }
     }
-    release_hold(*conn, frame.device_hold);  // (nothing was copied out, or the device failed)
-    return landed;
+    release_hold(*conn, hold);  // (nothing was copied out, or the device failed)
 }
 
 }  // namespace tensorplay::detail

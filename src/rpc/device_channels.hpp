@@ -11,6 +11,7 @@
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include "rpc/device_rings.hpp"
 #include "transport/connection_ext.hpp"
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,7 +43,7 @@ struct PreparedTensors {
 class Outbox;
 struct OutboxHold;
 struct PeerDevices;
-struct DeviceStream;
+struct RingLanding;
 
 /// One agent's device channels. Used on the agent's executor (spawned coroutines run there too);
 /// the outbox ranges a peer still holds are given back from wherever the connection drops its holds.
@@ -76,7 +78,19 @@ public:
     /// bytes copied up; cuda_ipc refs copied out of the peer's outbox after its event) and names
     /// those streams in `streams`; the frame's device hold is released once the copies ran.
     /// An error fails the frame (protocol_error: a bad ref, and the connection should close).
-    [[nodiscard]] Result<void> land(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams);
+    /// `later`: a frame with tensors in cuda_ipc rings (device_rings.hpp) is taken, and handed to
+    /// `later` once every chunk's copy is queued (never, when the connection closes first).
+    using Deliver = std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)>;
+    enum class Landed { now, later };
+    [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame,
+                                      std::vector<tensorplay::Stream>& streams, Deliver later);
+
+    /// Whether a request named `name` is a cuda_ipc ring notice (device_rings.hpp), for notice().
+    [[nodiscard]] static bool is_notice(std::string_view name) noexcept;
+    /// A ring notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot) or
+    /// one of theirs is ready (copied out). protocol_error: the peer is wrong, close the connection.
+    [[nodiscard]] Result<void> notice(const std::shared_ptr<Connection>& conn, std::string_view name,
+                                      std::span<const std::uint8_t> payload);
 
     /// Receiving on `conn`, as the reader reads it: a sink that lands the staged tensor `desc`
     /// describes on its target device chunk by chunk (device_staging.hpp), for one over a chunk
@@ -87,19 +101,26 @@ public:
     void forget(const Connection* conn);
 
     /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
-    /// those of them staged or landed in chunks, device_staging.hpp).
+    /// those of them staged or landed in chunks, device_staging.hpp; ring_sent, _received: those
+    /// sent by cuda_ipc through a ring, and ring_chunks_*: their chunks that waited for a notice).
     struct Stats {
         std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0,
-                      chunked_received = 0;
+                      chunked_received = 0, ring_sent = 0, ring_received = 0, ring_chunks_sent = 0, ring_chunks_received = 0;
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 
 private:
     /// prepare's copies: each device tensor into the outbox or staging, on one stream per device
     /// (`used`), its outbox ranges and events in `hold`.
-    [[nodiscard]] Result<void> queue_copies(const Connection& conn, std::vector<Tensor>& tensors,
+    [[nodiscard]] Result<void> queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                             const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
                                             PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold);
+    /// land's copies out of the peer's outbox (device_refs); rings started go to `rings`.
+    [[nodiscard]] Result<void> land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
+                                         const std::function<Result<DeviceStream*>(Device)>& stream_on,
+                                         std::vector<std::shared_ptr<RingLanding>>& rings);
+    /// Releases the peer's `hold` once the copies out of its outbox on `used` ran.
+    void release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used, std::uint64_t hold);
     [[nodiscard]] PeerDevices& peer_of(const Connection& conn);
     [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
 
@@ -110,6 +131,10 @@ private:
     std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)
     /// Per connection, the streams its sinks chose for the frame being read (land takes them).
     std::map<const Connection*, std::vector<tensorplay::Stream>> arriving_;
+    /// cuda_ipc rings: ours with chunks still to copy in (the hold owns them), and the peers'
+    /// with chunks still to copy out.
+    std::map<RingKey, std::weak_ptr<RingSend>> sending_;
+    std::map<RingKey, std::shared_ptr<RingLanding>> landing_;
     Stats stats_;
 };
 

@@ -3,12 +3,14 @@
 
 #include <tensorplay/core/wire.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tensorplay::detail {
 
 namespace {
-constexpr std::uint8_t kParamsVersion = 1;
+constexpr std::uint8_t kParamsVersion = 2;
+constexpr std::uint32_t kMaxRing = 64;
 constexpr std::uint32_t kMaxParamDevices = 64;
 constexpr std::size_t kMaxBusId = 64;
 
@@ -29,7 +31,7 @@ std::string encode_ipc_params(const IpcParams& params) {
         w.i32(d.index).str32(d.bus_id).u8(d.outbox ? 1 : 0);
         if (!d.outbox) continue;
         put_handle(w, d.memory);
-        w.u64(d.size).u32(static_cast<std::uint32_t>(d.events.size()));
+        w.u64(d.size).u64(d.chunk).u32(d.ring).u32(static_cast<std::uint32_t>(d.events.size()));
         for (const auto& e : d.events) put_handle(w, e);
     }
     const Bytes b = std::move(w).take();
@@ -63,11 +65,17 @@ Result<IpcParams> decode_ipc_params(std::string_view bytes) {
         if (d.outbox) {
             d.memory = get_handle(r);
             d.size = r.u64();
+            d.chunk = r.u64();
+            d.ring = r.u32();
             const auto events = r.u32();
             if (r.failed()) break;
             if (d.size == 0 || events == 0 || events > 255)
                 return fail(Errc::protocol_error, "cuda_ipc parameters: outbox of cuda:" + std::to_string(d.index) + " with " +
                                                       std::to_string(d.size) + " bytes and " + std::to_string(events) + " events");
+            if (d.chunk < kOutboxAlign || d.chunk > d.size || d.ring < 2 || d.ring > kMaxRing || d.chunk * d.ring > d.size)
+                return fail(Errc::protocol_error, "cuda_ipc parameters: outbox of cuda:" + std::to_string(d.index) + " with " +
+                                                      std::to_string(d.size) + " bytes has rings of " + std::to_string(d.ring) +
+                                                      " chunks of " + std::to_string(d.chunk) + " bytes");
             for (std::uint32_t k = 0; k < events && !r.failed(); ++k) d.events.push_back(get_handle(r));
         }
         out.push_back(std::move(d));
@@ -77,9 +85,9 @@ Result<IpcParams> decode_ipc_params(std::string_view bytes) {
 }
 
 Result<IpcRef> decode_ipc_ref(std::uint64_t ref) {
-    if ((ref & 0xff) != 1)
+    if ((ref & 0xff) != 1 && (ref & 0xff) != 3)
         return fail(Errc::protocol_error, "cuda_ipc reference " + std::to_string(ref) + " lacks its marker");
-    return IpcRef{ref >> 16, static_cast<int>((ref >> 8) & 0xff)};
+    return IpcRef{ref >> 16, static_cast<int>((ref >> 8) & 0xff), (ref & 0xff) == 3};
 }
 
 Result<std::shared_ptr<Outbox>> Outbox::create(DeviceBackend& backend, Device device, std::size_t bytes) {
@@ -92,6 +100,7 @@ Result<std::shared_ptr<Outbox>> Outbox::create(DeviceBackend& backend, Device de
     box->memory_ = std::move(*memory);
     box->handle_ = *handle;
     box->size_ = bytes;
+    box->chunk_ = std::max(kOutboxAlign, std::min(kOutboxChunkMax, bytes / 16 / kOutboxAlign * kOutboxAlign));
     box->ranges_.emplace(bytes, kOutboxAlign);
     for (int k = 0; k < kOutboxEvents; ++k) {
         auto e = backend.create_ipc_event(device);
@@ -108,6 +117,8 @@ IpcDeviceParams Outbox::params() const {
     p.outbox = true;
     p.memory = handle_;
     p.size = size_;
+    p.chunk = chunk_;
+    p.ring = kOutboxRing;
     for (const auto& e : events_) p.events.push_back(e.second);
     return p;
 }

@@ -21,15 +21,22 @@ namespace tensorplay::detail {
 inline constexpr int kOutboxEvents = 16;
 /// Ranges are handed out in units of this (CUDA copies like 256-byte alignment).
 inline constexpr std::size_t kOutboxAlign = 256;
+/// A tensor larger than a ring (kOutboxRing chunks) goes through one in chunks: its chunk k lies
+/// in slot k % kOutboxRing of the ring. Chunks are a 16th of the outbox, at most kOutboxChunkMax.
+inline constexpr std::uint32_t kOutboxRing = 4;
+inline constexpr std::size_t kOutboxChunkMax = std::size_t{16} << 20;
 
 /// One device of a cuda_ipc offer: its PCI bus id (peers find it among theirs) and, when it has an
-/// outbox, the outbox's memory handle and size and its events' handles.
+/// outbox, the outbox's memory handle and size, its rings' chunk bytes and slots, and its events'
+/// handles.
 struct IpcDeviceParams {
     int index = 0;
     std::string bus_id;
     bool outbox = false;
     IpcHandle memory{};
     std::uint64_t size = 0;
+    std::uint64_t chunk = 0;
+    std::uint32_t ring = 0;
     std::vector<IpcHandle> events;
 };
 
@@ -44,15 +51,17 @@ struct IpcParams {
 [[nodiscard]] Result<IpcParams> decode_ipc_params(std::string_view bytes);
 
 /// A tensor's reference in a cuda_ipc frame: where in the sender's outbox of the tensor's source
-/// device it lies, and which of that outbox's events its copy in was recorded on. Never 0.
-[[nodiscard]] constexpr std::uint64_t encode_ipc_ref(std::size_t offset, int event) noexcept {
-    return (static_cast<std::uint64_t>(offset) << 16) | (static_cast<std::uint64_t>(event) << 8) | 1u;
+/// device it lies (chunked: where its ring starts), and which of that outbox's events its copy in
+/// (a ring's first chunks) was recorded on. Never 0.
+[[nodiscard]] constexpr std::uint64_t encode_ipc_ref(std::size_t offset, int event, bool chunked) noexcept {
+    return (static_cast<std::uint64_t>(offset) << 16) | (static_cast<std::uint64_t>(event) << 8) | (chunked ? 3u : 1u);
 }
 struct IpcRef {
     std::uint64_t offset = 0;
     int event = 0;
+    bool chunked = false;
 };
-/// Errc::protocol_error when `ref` is not one (the marker bit, its reserved bits).
+/// Errc::protocol_error when `ref` is not one (the marker bits).
 [[nodiscard]] Result<IpcRef> decode_ipc_ref(std::uint64_t ref);
 
 /// One device's outbox. Thread-safe (ranges come back from wherever a connection drops a hold).
@@ -64,6 +73,9 @@ public:
     [[nodiscard]] Device device() const noexcept { return device_; }
     [[nodiscard]] DeviceBackend& backend() const noexcept { return backend_; }
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    /// A ring's chunk bytes; a ring is kOutboxRing of them.
+    [[nodiscard]] std::size_t chunk() const noexcept { return chunk_; }
+    [[nodiscard]] std::size_t ring_bytes() const noexcept { return chunk_ * kOutboxRing; }
     [[nodiscard]] std::uint8_t* data() const noexcept { return memory_->data(); }
     [[nodiscard]] const tensorplay::Event& event(int k) const noexcept { return events_[static_cast<std::size_t>(k)].first; }
     /// This outbox's entry of the offer (bus id filled by the caller).
@@ -82,6 +94,7 @@ private:
     std::shared_ptr<Storage> memory_;
     IpcHandle handle_{};
     std::size_t size_ = 0;
+    std::size_t chunk_ = 0;
     std::vector<std::pair<tensorplay::Event, IpcHandle>> events_;
     std::optional<FirstFit> ranges_;  ///< (set by create)
     std::mutex mutex_;                ///< free_events_
@@ -97,6 +110,8 @@ struct OutboxHold {
     };
     std::vector<Range> ranges;
     std::vector<std::pair<std::shared_ptr<Outbox>, int>> events;
+    /// The frame's chunked sends (device_channels.cpp): they end with the hold.
+    std::vector<std::shared_ptr<void>> sends;
     OutboxHold() = default;
     OutboxHold(const OutboxHold&) = delete;
     OutboxHold& operator=(const OutboxHold&) = delete;

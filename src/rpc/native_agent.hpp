@@ -262,9 +262,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A call whose message has device tensors: they are prepared by the device channels (which
     /// may wait for copies to host memory), then the call goes on as call() with them.
     [[nodiscard]] Task<Result<Message>> call_device(std::string to, std::string handler, Message message, double timeout_sec);
-    /// Lands a received frame's device tensors (device_channels->land) into `streams`; false
-    /// when that failed (the error is in frame.alloc_error; a protocol error closes `conn`).
-    bool land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams);
+    /// Lands a received frame's device tensors (device_channels->land) into `streams`: now, or
+    /// later (the frame was taken, and goes to `later` once its tensors are queued), or failed
+    /// (the error is in frame.alloc_error; a protocol error closes `conn`).
+    enum class Landing { now, later, failed };
+    Landing land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams,
+                                DeviceChannels::Deliver later);
+    /// A ring notice of the device channels (DeviceChannels::notice) from `conn`'s peer: true when
+    /// `name` is one (taken; a bad one closes `conn`).
+    bool device_notice(const std::shared_ptr<Connection>& conn, FrameKind kind, std::string_view name,
+                       std::span<const std::uint8_t> payload);
     /// Where each of a request's tensors lands on `peer` (its device map); device_error naming a
     /// tensor on a device the map does not cover.
     [[nodiscard]] Result<void> request_targets(const PeerLink& peer, const std::vector<Tensor>& tensors,

@@ -67,12 +67,13 @@ std::string seconds_str(double s) {
 /// requests; inbound: requests only): requests go to serving workers, replies resume their calls.
 /// Runs inside the connection's reads (Connection::dispatch_to): a reply resumes its caller in
 /// place, and a request its serving worker.
-class ConnectionReader final : public FrameSink {
+class ConnectionReader final : public FrameSink, public std::enable_shared_from_this<ConnectionReader> {
 public:
     ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::shared_ptr<PeerLink> peer)
         : core_(std::move(core)), conn_(std::move(conn)), peer_(std::move(peer)) {}
 
     void on_small_frame(const FrameView& f) override {
+        if (core_->device_notice(conn_, f.kind, f.name, f.payload)) return;
         if (f.kind == FrameKind::request)
             core_->serve_request(conn_, f.id, f.name, Message{Bytes(f.payload.begin(), f.payload.end()), {}}, nullptr);
         else
@@ -80,8 +81,21 @@ public:
     }
 
     void on_frame(Frame&& f) override {
+        if (f.targets.empty() && core_->device_notice(conn_, f.kind, f.name, f.payload)) return;
         std::vector<tensorplay::Stream> streams;
-        if (!f.targets.empty() && !core_->land_device_tensors(conn_, f, streams) && !conn_->is_open()) return;
+        if (!f.targets.empty()) {
+            // (A frame whose tensors come through cuda_ipc rings is handed back once they are queued.)
+            auto later = [weak = weak_from_this()](Frame&& f, std::vector<tensorplay::Stream>&& s) {
+                if (auto self = weak.lock()) self->deliver(std::move(f), std::move(s));
+            };
+            const auto landed = core_->land_device_tensors(conn_, f, streams, later);
+            if (landed == AgentCore::Landing::later || (landed == AgentCore::Landing::failed && !conn_->is_open())) return;
+        }
+        deliver(std::move(f), std::move(streams));
+    }
+
+    /// A whole frame (its device tensors landed) to its serving worker or waiting call.
+    void deliver(Frame&& f, std::vector<tensorplay::Stream>&& streams) {
         Error* alloc_error = f.alloc_error ? &*f.alloc_error : nullptr;
         if (f.kind == FrameKind::request)
             core_->serve_request(conn_, f.id, f.name, Message{std::move(f.payload), std::move(f.tensors), std::move(streams)},
@@ -199,10 +213,19 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
     return t;
 }
 
-bool AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams) {
-    if (!device_channels) return true;
-    auto r = device_channels->land(conn, frame, streams);
-    if (r) return true;
+bool AgentCore::device_notice(const std::shared_ptr<Connection>& conn, FrameKind kind, std::string_view name,
+                              std::span<const std::uint8_t> payload) {
+    if (kind != FrameKind::request || !device_channels || !DeviceChannels::is_notice(name)) return false;
+    if (auto r = device_channels->notice(conn, name, payload); !r)
+        conn->close(std::move(r).error().context("a cuda_ipc notice from worker \"" + conn->peer().name + "\""));
+    return true;
+}
+
+AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame,
+                                                  std::vector<tensorplay::Stream>& streams, DeviceChannels::Deliver later) {
+    if (!device_channels) return Landing::now;
+    auto r = device_channels->land(conn, frame, streams, std::move(later));
+    if (r) return *r == DeviceChannels::Landed::later ? Landing::later : Landing::now;
     Error e = std::move(r).error().context("receiving tensors from worker \"" + conn->peer().name + "\"");
     if (e.code() == Errc::protocol_error) {
         conn->close(e);
@@ -210,7 +233,7 @@ bool AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Fra
         frame.alloc_error = std::move(e);
     }
     frame.tensors.clear();
-    return false;
+    return Landing::failed;
 }
 
 asio::thread_pool& AgentCore::worker_pool() {
@@ -413,11 +436,22 @@ std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->pe
 
 const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
 
+namespace {
+/// The names the agent takes before any handler (the device channels' notices).
+Result<void> check_not_reserved(std::string_view name) {
+    if (DeviceChannels::is_notice(name))
+        return fail(Errc::invalid_argument, "handler name \"" + std::string(name) + "\" is reserved for the cuda_ipc channel");
+    return ok();
+}
+}  // namespace
+
 Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
+    if (auto r = check_not_reserved(name); !r) return r;
     return core_->handlers.add(std::move(name), std::move(handler), {});
 }
 
 Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
+    if (auto r = check_not_reserved(name); !r) return r;
     return core_->handlers.add(std::move(name), {}, std::move(handler));
 }
 

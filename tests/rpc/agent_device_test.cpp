@@ -2,8 +2,8 @@
 // TP_CUDART): they go by cuda_basic (a process cannot open its own IPC handles), through the
 // device maps and back; a tensor with no device map is refused naming worker and device; and a hostile peer
 // that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
-// offer that does not decode) loses its own connection, while the group goes on. The two-process
-// tests of the device channels are cuda_rpc_test.cpp.
+// offer that does not decode, a ring notice for a ring never sent) loses its own connection, while
+// the group goes on. The two-process tests of the device channels are cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
 #include "rpc/cuda_test_util.hpp"
 
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "rpc/device_outbox.hpp"
+#include "rpc/device_rings.hpp"
 #include "transport/connection_ext.hpp"
 #include "transport/transport.hpp"
 
@@ -28,6 +29,14 @@ Task<void> calls_work(test::AgentGroup& g) {
     }
 }
 
+/// The agent closes `conn` instead of answering, and the group's calls go on.
+Task<void> closed_alone(Connection& conn, test::AgentGroup& g) {
+    auto got = co_await conn.receive();
+    CHECK_FALSE(got);
+    CHECK_FALSE(conn.is_open());
+    co_await calls_work(g);
+}
+
 /// A connection to `address` that says it is worker1 and offers cuda_ipc with `params`.
 Task<Result<std::shared_ptr<Connection>>> impostor(std::string address, std::string params) {
     const auto colon = address.rfind(':');
@@ -41,9 +50,9 @@ Task<Result<std::shared_ptr<Connection>>> impostor(std::string address, std::str
     co_return co_await std::move(c);
 }
 
-/// Sends a request for "echo" whose one cuda tensor goes by the cuda_ipc reference `ref`.
-Result<void> send_ref(Connection& c, std::uint64_t ref) {
-    auto t = empty(Device::cuda(0), DType::uint8, {4096});
+/// Sends a request for "echo" whose one cuda tensor of `n` bytes goes by the cuda_ipc reference `ref`.
+Result<void> send_ref(Connection& c, std::uint64_t ref, std::size_t n = 4096) {
+    auto t = empty(Device::cuda(0), DType::uint8, {static_cast<std::int64_t>(n)});
     if (!t) return fail(t.error());
     std::vector<Tensor> tensors{*t};
     std::vector<Device> targets{Device::cuda(0)};
@@ -115,7 +124,7 @@ TEST_CASE("agents of one process move cuda tensors by cuda_basic, through the ma
     });
 }
 
-TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only", "[rpc][agent][device][hostile]") {
+TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close its connection only", "[rpc][agent][device][hostile]") {
     if (cuda_device_count() < 1) {
         WARN("no cuda device (the fake runtime was not loaded): skipped");
         return;
@@ -123,12 +132,14 @@ TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only
     test::run_with_deadline(30s, []() -> Task<void> {
         auto g = co_await test::make_group(2, [](int, TensorPipeRpcBackendOptions& o) { o.devices = {Device::cuda(0)}; });
         test::register_echo(g);
-        // An offer with one device whose outbox has 1 MiB and one event.
+        // An offer with one device whose outbox has 1 MiB, rings of 4 64 KiB chunks and one event.
         detail::IpcDeviceParams dev;
         dev.index = 0;
         dev.bus_id = "0000:00:00.0";
         dev.outbox = true;
         dev.size = 1 << 20;
+        dev.chunk = 64 << 10;
+        dev.ring = 4;
         dev.events.resize(1);
         detail::IpcParams params;
         params.pid = ::getpid() + 1;  // (another process's offer: one naming this process is refused too)
@@ -136,28 +147,59 @@ TEST_CASE("cuda_ipc references a peer cannot have sent close its connection only
         const std::string good_params = detail::encode_ipc_params(params);
         params.pid = ::getpid();
         const std::string own_params = detail::encode_ipc_params(params);
+        dev.ring = 1;  // (a ring must have 2 slots or more)
+        params.devices = {dev};
+        params.pid = ::getpid() + 1;
+        const std::string bad_ring = detail::encode_ipc_params(params);
         struct Case {
             const char* what;
             std::string params;
             std::uint64_t ref;
+            std::size_t bytes = 4096;
         };
+        const std::size_t big = (std::size_t{256} << 10) + 1;  // (over a ring: its chunks come through one)
         const std::vector<Case> cases{
             {"a reference without its marker", good_params, std::uint64_t{4096} << 16},
-            {"a range past the outbox", good_params, detail::encode_ipc_ref(std::size_t{1} << 20, 0)},
-            {"an event the offer does not have", good_params, detail::encode_ipc_ref(0, 3)},
-            {"an offer that does not decode", std::string("\x07garbage", 8), detail::encode_ipc_ref(0, 0)},
-            {"an offer that names the receiving process", own_params, detail::encode_ipc_ref(0, 0)},
+            {"a range past the outbox", good_params, detail::encode_ipc_ref(std::size_t{1} << 20, 0, false)},
+            {"an event the offer does not have", good_params, detail::encode_ipc_ref(0, 3, false)},
+            {"an offer that does not decode", std::string("\x07garbage", 8), detail::encode_ipc_ref(0, 0, false)},
+            {"an offer that names the receiving process", own_params, detail::encode_ipc_ref(0, 0, false)},
+            {"an offer whose rings have one slot", bad_ring, detail::encode_ipc_ref(0, 0, true), big},
+            {"a ring past the outbox", good_params, detail::encode_ipc_ref(std::size_t{800} << 10, 0, true), big},
+            {"a tensor in a ring that it fits whole", good_params, detail::encode_ipc_ref(0, 0, true)},
         };
         for (const auto& c : cases) {
             INFO(c.what);
             auto conn = co_await impostor(g[0]->listen_address(), c.params);
             REQUIRE(conn);
             REQUIRE((*conn)->negotiated().channels.size() >= 1);
-            REQUIRE(send_ref(**conn, c.ref));
-            auto got = co_await (*conn)->receive();  // (the agent closes it instead of answering)
-            CHECK_FALSE(got);
-            CHECK_FALSE((*conn)->is_open());
-            co_await calls_work(g);
+            REQUIRE(send_ref(**conn, c.ref, c.bytes));
+            co_await closed_alone(**conn, g);
+        }
+        // Ring notices about rings that were never sent, or cut short (and no handler takes their names).
+        auto taken = g[0]->register_handler(std::string(detail::kRingFree),
+                                            [](WorkerInfo, Message m) -> Task<Result<Message>> { co_return m; });
+        REQUIRE_FALSE(taken);
+        CHECK(taken.error().code() == Errc::invalid_argument);
+        const Bytes notice = detail::encode_ring_notice(detail::RingNotice{0, 0, 0});
+        struct Notice {
+            const char* what;
+            std::string_view name;
+            Bytes payload;
+        };
+        const std::vector<Notice> notices{
+            {"a free for a ring we did not send", detail::kRingFree, notice},
+            {"a ready for a ring it did not send", detail::kRingReady, notice},
+            {"a notice cut short", detail::kRingFree, Bytes(notice.begin(), notice.begin() + 5)},
+        };
+        for (const auto& c : notices) {
+            INFO(c.what);
+            auto conn = co_await impostor(g[0]->listen_address(), std::string("\x07garbage", 8));
+            REQUIRE(conn);
+            Bytes payload = c.payload;
+            std::vector<Tensor> none;
+            REQUIRE(detail::send_parts(**conn, FrameKind::request, 0, c.name, payload, none, {}, true));
+            co_await closed_alone(**conn, g);
         }
         auto down = co_await test::shutdown_all(g);
         for (auto& d : down) CHECK(d);

@@ -125,7 +125,8 @@ Task<bool> echo_round(RpcAgent& a, const Child& c, std::size_t n, int seed, bool
 
 Task<int> routing(detail::NativeAgent& a, const Child& c) {
     // (3 MiB + 17 and 9 MiB + 5: cuda_basic stages them in 2 MiB chunks through 4 slots, the
-    // second reusing slots.)
+    // second reusing slots; cuda_ipc sends the second through a ring of 4 1 MiB chunks, each slot
+    // used again after the peer's "free".)
     for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20, (std::size_t{3} << 20) + 17, (std::size_t{9} << 20) + 5})
         if (!co_await echo_round(a, c, n, static_cast<int>(n % 251), false)) co_return 20;
     // The pair chose the channel asked for, and it carried the tensors.
@@ -138,7 +139,14 @@ Task<int> routing(detail::NativeAgent& a, const Child& c) {
     std::fprintf(stderr, "%s: ipc sent %llu received %llu, staged sent %llu received %llu\n", c.channel.c_str(),
                  static_cast<unsigned long long>(st.ipc_sent), static_cast<unsigned long long>(st.ipc_received),
                  static_cast<unsigned long long>(st.staged_sent), static_cast<unsigned long long>(st.staged_received));
+    std::fprintf(stderr, "%s: rings sent %llu received %llu, their chunks after a notice sent %llu received %llu\n",
+                 c.channel.c_str(), static_cast<unsigned long long>(st.ring_sent), static_cast<unsigned long long>(st.ring_received),
+                 static_cast<unsigned long long>(st.ring_chunks_sent), static_cast<unsigned long long>(st.ring_chunks_received));
     if (c.channel == "cuda_ipc" && (st.ipc_sent == 0 || st.ipc_received == 0 || st.staged_sent != 0)) co_return 22;
+    // (9 MiB + 5 is 10 chunks: 6 of them wait for a "free", on each device each way.)
+    if (c.channel == "cuda_ipc" && (st.ring_sent != static_cast<unsigned>(c.devices) || st.ring_received != st.ring_sent ||
+                                    st.ring_chunks_sent != 6u * st.ring_sent || st.ring_chunks_received != st.ring_chunks_sent))
+        co_return 24;
     if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0 || st.chunked_sent == 0 ||
                                       st.chunked_received == 0))
         co_return 23;
@@ -149,10 +157,12 @@ Task<int> ordering(detail::NativeAgent& a, const Child& c) {
     // The producer's stream is slow: the agent's copies must wait for it.
     for (int i = 0; i < 3; ++i)
         if (!co_await echo_round(a, c, std::size_t{1} << 20, 40 + i, true)) co_return 30;
-    // So must the chunks of one staged in chunks (cuda_basic), each of them.
+    // So must the chunks of one staged in chunks (cuda_basic), or sent through a ring (cuda_ipc),
+    // each of them.
     if (!co_await echo_round(a, c, (std::size_t{7} << 20) + 3, 45, true)) co_return 36;
     // The reply lands here in chunks while every pool stream is slow: a landing slot must not be
-    // read into again before its chunk's copy up ran (cuda_basic; a missing wait shows as wrong bytes).
+    // read into again before its chunk's copy up ran (cuda_basic), nor a ring's slot said free
+    // before its chunk's copy out ran (cuda_ipc); a missing wait shows as wrong bytes.
     std::vector<Stream> pool;
     for (int d = 0; d < c.devices; ++d)
         for (int k = 0; k < 4; ++k)  // (the pool's size: acquire_stream goes round)
@@ -330,6 +340,9 @@ Task<int> worker(Child c) {
     std::shared_ptr<Store> st = *store;
     if (cuda_device_count() == 0) co_return 77;
     c.devices = std::min(2, cuda_device_count());
+    // A 16 MiB outbox has rings of 4 chunks of 1 MiB: tensors over 4 MiB go through one.
+    if (c.channel == "cuda_ipc" && (c.scenario == Scenario::routing || c.scenario == Scenario::ordering))
+        ::setenv("TP_CUDA_IPC_OUTBOX_BYTES", "16777216", 1);
     auto args = test::init_args(st, c.rank, 2, [&c](int rank, TensorPipeRpcBackendOptions& o) {
         o.channels = std::vector<std::string>{"basic", c.channel};
         o.rpc_timeout = 30;

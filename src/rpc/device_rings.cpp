@@ -1,0 +1,120 @@
+// cuda_ipc's rings: chunks of a large tensor through a few slots of the outbox (device_rings.hpp).
+#include "rpc/device_rings.hpp"
+
+#include <tensorplay/core/wire.hpp>
+
+#include "rpc/device_channels.hpp"
+#include "rpc/device_outbox.hpp"
+#include "transport/connection_ext.hpp"
+
+#include <algorithm>
+
+namespace tensorplay::detail {
+
+Bytes encode_ring_notice(const RingNotice& n) {
+    WireWriter w;
+    w.i32(n.device).u64(n.offset).u32(n.chunk);
+    return std::move(w).take();
+}
+
+Result<RingNotice> decode_ring_notice(std::span<const std::uint8_t> payload) {
+    WireReader r(payload);
+    RingNotice n;
+    n.device = r.i32();
+    n.offset = r.u64();
+    n.chunk = r.u32();
+    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a cuda_ipc ring notice"));
+    return n;
+}
+
+void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n) {
+    if (!conn.is_open()) return;
+    Bytes payload = encode_ring_notice(n);
+    std::vector<Tensor> none;
+    (void)send_parts(conn, FrameKind::request, 0, name, payload, none, {}, true);  // (a closed connection: nothing to tell)
+}
+
+Task<void> free_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, RingNotice n) {
+    auto done = co_await b.wait(std::move(copied));
+    if (!done) co_return;  // (a device error: the frame's copies failed, and its slot stays taken until the release)
+    if (auto c = conn.lock()) send_ring_notice(*c, kRingFree, n);
+}
+
+namespace {
+std::size_t chunk_len(std::uint64_t nbytes, std::size_t chunk, std::uint32_t k) {
+    return static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nbytes - std::uint64_t{k} * chunk));
+}
+}  // namespace
+
+Result<void> RingSend::copy_in(std::uint32_t k) {
+    const std::size_t slot = static_cast<std::size_t>(k % kOutboxRing) * chunk;
+    const std::size_t at = static_cast<std::size_t>(k) * chunk;
+    return backend->copy_async(stream, box->data() + offset + slot, tensor.data() + at, chunk_len(tensor.nbytes(), chunk, k),
+                               tensor.storage());
+}
+
+Result<void> RingLanding::copy_out(std::uint32_t j) {
+    const std::size_t slot = static_cast<std::size_t>(j % ring) * chunk;
+    const std::size_t at = static_cast<std::size_t>(j) * chunk;
+    if (auto c = backend->copy_async(stream, dst + at, memory->data() + offset + slot, chunk_len(nbytes, chunk, j), memory); !c)
+        return c;
+    ++queued;
+    if (j + ring >= chunks) return ok();  // (no later chunk uses its slot)
+    auto ev = backend->record_event(stream);
+    if (!ev) return fail(std::move(ev).error());
+    frees.emplace_back(std::move(*ev), j);
+    return ok();
+}
+
+bool DeviceChannels::is_notice(std::string_view name) noexcept { return name == kRingReady || name == kRingFree; }
+
+Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
+                                    std::span<const std::uint8_t> payload) {
+    auto n = decode_ring_notice(payload);
+    if (!n) return fail(std::move(n).error());
+    const RingKey key{conn.get(), n->device, n->offset};
+    const std::string where = "chunk " + std::to_string(n->chunk) + " of the cuda_ipc ring at " + std::to_string(n->offset) +
+                              " of cuda:" + std::to_string(n->device);
+    if (name == kRingFree) {
+        // The peer copied a chunk out: the chunk kOutboxRing further goes into its slot.
+        auto it = sending_.find(key);
+        auto rs = it == sending_.end() ? nullptr : it->second.lock();
+        if (!rs) return fail(Errc::protocol_error, "the peer frees " + where + ", which we did not send it");
+        const std::uint32_t k = n->chunk;
+        if (k >= rs->chunks || k + kOutboxRing >= rs->chunks || rs->freed[k])
+            return fail(Errc::protocol_error, "the peer frees " + where + ", which is not one to free");
+        rs->freed[k] = true;
+        const std::uint32_t next = k + kOutboxRing;
+        if (auto c = rs->copy_in(next); !c) return fail(std::move(c).error().context("copying " + where + " in"));
+        if (auto r = rs->backend->record_again(rs->stream, rs->box->event(rs->event)); !r) return r;
+        ++stats_.ring_chunks_sent;
+        send_ring_notice(*conn, kRingReady, RingNotice{n->device, n->offset, next});
+        if (next + 1 == rs->chunks) sending_.erase(it);  // (every chunk is in; the hold keeps the rest)
+        return ok();
+    }
+    // The peer copied a chunk into a ring of its outbox: out of it on the frame's stream.
+    auto it = landing_.find(key);
+    if (it == landing_.end()) return fail(Errc::protocol_error, "the peer says " + where + " is ready, but it sent no such ring");
+    auto landing = it->second;
+    RingLanding& l = *landing;
+    const std::uint32_t j = n->chunk;
+    if (j < l.ring || j >= l.chunks || l.arrived[j])
+        return fail(Errc::protocol_error, "the peer says " + where + " is ready, which is not one to come");
+    l.arrived[j] = true;
+    // (After the peer's record for this chunk: its notice came after it.)
+    if (auto w = l.backend->wait_event(l.stream, l.event); !w) return w;
+    if (auto c = l.copy_out(j); !c) return c;
+    ++stats_.ring_chunks_received;
+    for (auto& [ev, chunk] : l.frees) spawn_(free_after(*l.backend, std::move(ev), conn, RingNotice{l.device, l.offset, chunk}));
+    l.frees.clear();
+    if (l.queued < l.chunks) return ok();
+    landing_.erase(it);
+    auto frame = std::move(l.frame);
+    if (--frame->rings == 0) {
+        release_when_copied(conn, frame->used, frame->frame.device_hold);
+        frame->deliver(std::move(frame->frame), std::move(frame->streams));
+    }
+    return ok();
+}
+
+}  // namespace tensorplay::detail
