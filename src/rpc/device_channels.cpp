@@ -280,11 +280,12 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
 }
 
 namespace {
-/// Lets go of `hold` once `events` (after a failed frame's queued copies) are complete: the copies
-/// into its outbox ranges must have run before another frame may take them.
-Task<void> drop_after(std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events, std::shared_ptr<OutboxHold> hold) {
+/// Lets go of `keep` (a failed frame's outbox ranges, staged copies and sources) once `events`
+/// (after its queued copies) are complete: the copies into that memory must have run before
+/// another frame may take it.
+Task<void> drop_after(std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events, std::shared_ptr<void> keep) {
     for (auto& [b, ev] : events) (void)co_await b->wait(std::move(ev));
-    hold.reset();
+    keep.reset();
 }
 }  // namespace
 
@@ -309,12 +310,12 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
         if (!waited) queued = fail(std::move(waited).error().context("staging tensors of " + ds.stream.device.str()));
     }
     if (!queued) {
-        if (!hold->ranges.empty()) {
-            std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events;
-            for (auto& ds : used)
-                if (auto ev = ds.backend->record_event(ds.stream)) events.emplace_back(ds.backend, std::move(*ev));
-            spawn_(drop_after(std::move(events), std::move(hold)));
-        }
+        // (Also when the caller gave up waiting, cancelling this: the copies go on without it.)
+        std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events;
+        for (auto& ds : used)
+            if (auto ev = ds.backend->record_event(ds.stream)) events.emplace_back(ds.backend, std::move(*ev));
+        using Kept = std::tuple<std::shared_ptr<OutboxHold>, std::vector<Tensor>, DeviceParts>;
+        spawn_(drop_after(std::move(events), std::make_shared<Kept>(std::move(hold), std::move(tensors), std::move(out.parts))));
         co_return fail(std::move(queued).error());
     }
     if (!hold->ranges.empty()) out.parts.keep = std::move(hold);

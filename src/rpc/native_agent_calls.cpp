@@ -3,6 +3,7 @@
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
+#include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/wire.hpp>
 #include <tensorplay/device/backend.hpp>
 
@@ -398,8 +399,11 @@ Task<Result<Message>> AgentCore::call_device(std::string to, std::string handler
     const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
     const auto started = Clock::now();
     auto conn = peer->conn;
-    auto t = device_channels->prepare(conn, message.tensors, message.streams, std::move(targets));
+    // (Bounded by the call's timeout: the producer's work may not end for a long time.)
+    auto t = with_timeout(device_channels->prepare(conn, message.tensors, message.streams, std::move(targets)),
+                          timeout_duration(secs));
     auto prepared = co_await std::move(t);
+    if (!prepared && prepared.error().code() == Errc::timeout) co_return fail(call_error(to, handler, secs, {}));
     if (!prepared)
         co_return fail(Error(Errc::device_error, "rpc to worker \"" + to + "\": " + prepared.error().message(), self.name));
     double left = secs;

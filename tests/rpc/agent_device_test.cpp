@@ -11,6 +11,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include "rpc/device_outbox.hpp"
 #include "rpc/device_rings.hpp"
 #include "transport/connection_ext.hpp"
@@ -119,6 +121,20 @@ TEST_CASE("agents of one process move cuda tensors by cuda_basic, through the ma
         CHECK(st.ipc_sent == 0);
         CHECK(st.staged_sent == 1);
         CHECK(st.staged_received == 1);
+        // The producer's work does not end while the call waits to stage its tensor: the call
+        // still ends at its timeout (a hang here fails the test's deadline).
+        std::atomic<bool> go{false};
+        REQUIRE(test::cuda().enqueue_host(*s, [&go] {
+            while (!go) ::usleep(1000);
+        }));
+        Message stalled{bytes("stalled"), {*t}};
+        stalled.streams.push_back(*s);
+        auto late = co_await g[0]->rpc_async(to, handler, std::move(stalled), 0.3);
+        go = true;
+        REQUIRE_FALSE(late);
+        CHECK(late.error().code() == Errc::timeout);
+        auto again = co_await g[0]->rpc_async(to, handler, test::text_message("after"));
+        CHECK(again);
         auto down = co_await test::shutdown_all(g);
         for (auto& d : down) CHECK(d);
     });
