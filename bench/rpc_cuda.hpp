@@ -111,6 +111,9 @@ inline Task<int> callee(std::string channel, int port_pipe) {
     }
     auto down = co_await (*agent)->shutdown(true, 600);
     set_default_agent(nullptr, {});
+    // (This process hosts the store: it stays up until the caller's shutdown no longer reads it.)
+    std::vector<std::string> left{"bench/caller_left"};
+    (void)co_await (*store)->wait(std::move(left), std::chrono::seconds(120));
     co_return down ? 0 : 1;
 }
 
@@ -159,6 +162,8 @@ inline Task<int> caller(std::string channel, std::uint16_t port, Sizes sz, const
     }
     auto down = co_await (*agent)->shutdown(true, 600);
     set_default_agent(nullptr, {});
+    const Bytes one{1};
+    (void)co_await (*store)->set("bench/caller_left", one);
     co_return down ? 0 : 1;
 }
 

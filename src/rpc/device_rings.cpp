@@ -49,8 +49,10 @@ std::size_t chunk_len(std::uint64_t nbytes, std::size_t chunk, std::uint32_t k) 
 Result<void> RingSend::copy_in(std::uint32_t k) {
     const std::size_t slot = static_cast<std::size_t>(k % kOutboxRing) * chunk;
     const std::size_t at = static_cast<std::size_t>(k) * chunk;
-    return backend->copy_async(stream, box->data() + offset + slot, tensor.data() + at, chunk_len(tensor.nbytes(), chunk, k),
-                               tensor.storage());
+    auto c = backend->copy_async(stream, box->data() + offset + slot, tensor.data() + at, chunk_len(tensor.nbytes(), chunk, k),
+                                 tensor.storage());
+    if (c) ++queued;
+    return c;
 }
 
 Result<void> RingLanding::copy_out(std::uint32_t j) {
@@ -89,7 +91,7 @@ Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std
         if (auto r = rs->backend->record_again(rs->stream, rs->box->event(rs->event)); !r) return r;
         ++stats_.ring_chunks_sent;
         send_ring_notice(*conn, kRingReady, RingNotice{n->device, n->offset, next});
-        if (next + 1 == rs->chunks) sending_.erase(it);  // (every chunk is in; the hold keeps the rest)
+        if (rs->queued == rs->chunks) sending_.erase(it);  // (every chunk is in; the hold keeps the rest)
         return ok();
     }
     // The peer copied a chunk into a ring of its outbox: out of it on the frame's stream.

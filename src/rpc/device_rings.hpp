@@ -60,8 +60,8 @@ struct RingSend {
     Tensor tensor;
     std::uint64_t offset = 0;
     std::size_t chunk = 0;
-    std::uint32_t chunks = 0;
-    std::vector<bool> freed;
+    std::uint32_t chunks = 0, queued = 0;
+    std::vector<bool> freed;  ///< (the notices may come in any order)
 
     /// Queues the copy of chunk `k` into its slot (no record).
     [[nodiscard]] Result<void> copy_in(std::uint32_t k);
