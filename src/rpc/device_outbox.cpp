@@ -123,12 +123,35 @@ IpcDeviceParams Outbox::params() const {
     return p;
 }
 
-std::optional<std::size_t> Outbox::take_range(std::size_t n) { return ranges_->take(n); }
+std::optional<std::size_t> Outbox::take_range(std::size_t n) {
+    {
+        std::lock_guard lock(mutex_);
+        sweep();
+    }
+    return ranges_->take(n);
+}
 
 void Outbox::give_range(std::size_t off, std::size_t n) noexcept { ranges_->give(off, n); }
 
+void Outbox::give_back(std::vector<std::pair<std::size_t, std::size_t>> ranges, std::vector<int> events) {
+    std::lock_guard lock(mutex_);
+    parked_.push_back(Parked{std::move(ranges), std::move(events)});
+    sweep();
+}
+
+void Outbox::sweep() {
+    std::erase_if(parked_, [this](Parked& p) {
+        for (int k : p.events)
+            if (!events_[static_cast<std::size_t>(k)].first.ready()) return false;
+        for (auto [off, n] : p.ranges) ranges_->give(off, n);
+        free_events_.insert(free_events_.end(), p.events.begin(), p.events.end());
+        return true;
+    });
+}
+
 std::optional<int> Outbox::take_event() {
     std::lock_guard lock(mutex_);
+    sweep();
     if (free_events_.empty()) return std::nullopt;
     const int k = free_events_.back();
     free_events_.pop_back();
@@ -141,8 +164,22 @@ void Outbox::give_event(int k) noexcept {
 }
 
 OutboxHold::~OutboxHold() {
-    for (auto& r : ranges) r.box->give_range(r.offset, r.len);
-    for (auto& [box, k] : events) box->give_event(k);
+    // Per outbox, its ranges with its events (every range of a hold has an event of its outbox).
+    std::vector<Outbox*> boxes;
+    auto note = [&boxes](Outbox* b) {
+        if (std::find(boxes.begin(), boxes.end(), b) == boxes.end()) boxes.push_back(b);
+    };
+    for (auto& r : ranges) note(r.box.get());
+    for (auto& e : events) note(e.first.get());
+    for (Outbox* box : boxes) {
+        std::vector<std::pair<std::size_t, std::size_t>> rs;
+        std::vector<int> ks;
+        for (auto& r : ranges)
+            if (r.box.get() == box) rs.emplace_back(r.offset, r.len);
+        for (auto& [b, k] : events)
+            if (b.get() == box) ks.push_back(k);
+        box->give_back(std::move(rs), std::move(ks));
+    }
 }
 
 }  // namespace tensorplay::detail

@@ -87,6 +87,10 @@ public:
     /// A free event, or nullopt.
     [[nodiscard]] std::optional<int> take_event();
     void give_event(int k) noexcept;
+    /// Gives back a hold's ranges and events once those events (recorded after every copy into
+    /// the ranges) have completed: at once when they have, else at a later take (a hold dropped
+    /// by a closed connection may have copies still queued into its ranges).
+    void give_back(std::vector<std::pair<std::size_t, std::size_t>> ranges, std::vector<int> events);
 
 private:
     DeviceBackend& backend_;
@@ -96,9 +100,17 @@ private:
     std::size_t size_ = 0;
     std::size_t chunk_ = 0;
     std::vector<std::pair<tensorplay::Event, IpcHandle>> events_;
+    /// Gives back what parked_ holds whose events completed (mutex_ held).
+    void sweep();
+
     std::optional<FirstFit> ranges_;  ///< (set by create)
-    std::mutex mutex_;                ///< free_events_
+    std::mutex mutex_;                ///< free_events_, parked_
     std::vector<int> free_events_;
+    struct Parked {
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        std::vector<int> events;
+    };
+    std::vector<Parked> parked_;
 };
 
 /// What a frame's hold keeps of the outboxes (Frame::device_hold): its ranges and events, given

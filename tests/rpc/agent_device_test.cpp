@@ -221,3 +221,45 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
         for (auto& d : down) CHECK(d);
     });
 }
+
+TEST_CASE("a cuda_ipc outbox takes a dropped hold's ranges back only once the copies into them ran", "[rpc][device]") {
+    if (cuda_device_count() < 1) {
+        WARN("no cuda device (the fake runtime was not loaded): skipped");
+        return;
+    }
+    test::run_with_deadline(20s, []() -> Task<void> {
+        auto& b = test::cuda();
+        const Device d = Device::cuda(0);
+        const std::size_t size = std::size_t{1} << 20;
+        auto box = detail::Outbox::create(b, d, size);
+        REQUIRE(box);
+        auto s = b.acquire_stream(d);
+        auto src = b.allocate(d, 4096);
+        REQUIRE(s);
+        REQUIRE(src);
+        // A copy into the whole outbox that waits behind work only the test lets go of.
+        std::atomic<bool> go{false};
+        REQUIRE(b.enqueue_host(*s, [&go] {
+            while (!go) ::usleep(1000);
+        }));
+        auto off = (*box)->take_range(size);
+        auto k = (*box)->take_event();
+        REQUIRE(off);
+        REQUIRE(k);
+        REQUIRE(b.copy_async(*s, (*box)->data() + *off, (*src)->data(), 4096));
+        REQUIRE(b.record_again(*s, (*box)->event(*k)));
+        {
+            detail::OutboxHold hold;  // (dropped as a closed connection drops it, the copy still queued)
+            hold.ranges.push_back(detail::OutboxHold::Range{*box, *off, size});
+            hold.events.emplace_back(*box, *k);
+        }
+        CHECK_FALSE((*box)->take_range(4096));  // (another frame's copy would race the queued one)
+        go = true;
+        auto done = b.record_event(*s);
+        REQUIRE(done);
+        auto waited = co_await b.wait(*done);
+        REQUIRE(waited);
+        auto again = (*box)->take_range(size);
+        CHECK(again);
+    });
+}
