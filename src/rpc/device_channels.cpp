@@ -229,7 +229,6 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
                     if (auto c = b.copy_async(ds->stream, box->data() + *off, t.data(), n, t.storage()); !c) return c;
                 } else {
                     auto rs = std::make_shared<RingSend>();
-                    rs->conn = conn;
                     rs->box = box;
                     rs->backend = &b;
                     rs->stream = ds->stream;
@@ -373,7 +372,6 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
         // Chunks are still to come: the frame waits for them (the hold with it); each copied-out
         // chunk whose slot a later one uses is said "free" once its copy ran.
         auto pending = std::make_shared<PendingFrame>();
-        pending->conn = conn;
         pending->rings = static_cast<int>(rings.size());
         pending->deliver = std::move(later);
         for (auto& l : rings) {

@@ -86,7 +86,8 @@ public:
                                       std::vector<tensorplay::Stream>& streams, Deliver later);
 
     /// Whether a request named `name` is a cuda_ipc ring notice (device_rings.hpp), for notice().
-    [[nodiscard]] static bool is_notice(std::string_view name) noexcept;
+    /// (Inline: asked of every small request the agent reads.)
+    [[nodiscard]] static bool is_notice(std::string_view name) noexcept { return name == kRingReady || name == kRingFree; }
     /// A ring notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot) or
     /// one of theirs is ready (copied out). protocol_error: the peer is wrong, close the connection.
     [[nodiscard]] Result<void> notice(const std::shared_ptr<Connection>& conn, std::string_view name,

@@ -68,8 +68,6 @@ Result<void> RingLanding::copy_out(std::uint32_t j) {
     return ok();
 }
 
-bool DeviceChannels::is_notice(std::string_view name) noexcept { return name == kRingReady || name == kRingFree; }
-
 Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                     std::span<const std::uint8_t> payload) {
     auto n = decode_ring_notice(payload);

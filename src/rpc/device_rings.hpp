@@ -52,7 +52,6 @@ using RingKey = std::tuple<const Connection*, int, std::uint64_t>;
 /// Sending a tensor through a ring: the chunks not yet copied in wait for the peer's "free".
 /// Kept by the frame's hold (OutboxHold::sends): it ends with it.
 struct RingSend {
-    std::weak_ptr<Connection> conn;
     std::shared_ptr<Outbox> box;
     DeviceBackend* backend = nullptr;
     tensorplay::Stream stream;
@@ -69,7 +68,6 @@ struct RingSend {
 
 /// A received frame whose ring tensors are not all queued yet: handed over (`deliver`) once they are.
 struct PendingFrame {
-    std::weak_ptr<Connection> conn;
     Frame frame;
     std::vector<tensorplay::Stream> streams;
     std::vector<DeviceStream> used;

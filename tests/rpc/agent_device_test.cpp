@@ -125,12 +125,13 @@ TEST_CASE("agents of one process move cuda tensors by cuda_basic, through the ma
         // still ends at its timeout (a hang here fails the test's deadline).
         std::atomic<bool> go{false};
         REQUIRE(test::cuda().enqueue_host(*s, [&go] {
-            while (!go) ::usleep(1000);
+            go.wait(false);  // (a kernel that runs until the test says)
         }));
         Message stalled{bytes("stalled"), {*t}};
         stalled.streams.push_back(*s);
         auto late = co_await g[0]->rpc_async(to, handler, std::move(stalled), 0.3);
         go = true;
+        go.notify_all();
         REQUIRE_FALSE(late);
         CHECK(late.error().code() == Errc::timeout);
         auto again = co_await g[0]->rpc_async(to, handler, test::text_message("after"));
@@ -240,7 +241,7 @@ TEST_CASE("a cuda_ipc outbox takes a dropped hold's ranges back only once the co
         // A copy into the whole outbox that waits behind work only the test lets go of.
         std::atomic<bool> go{false};
         REQUIRE(b.enqueue_host(*s, [&go] {
-            while (!go) ::usleep(1000);
+            go.wait(false);  // (a kernel that runs until the test says)
         }));
         auto off = (*box)->take_range(size);
         auto k = (*box)->take_event();
@@ -255,6 +256,7 @@ TEST_CASE("a cuda_ipc outbox takes a dropped hold's ranges back only once the co
         }
         CHECK_FALSE((*box)->take_range(4096));  // (another frame's copy would race the queued one)
         go = true;
+        go.notify_all();
         auto done = b.record_event(*s);
         REQUIRE(done);
         auto waited = co_await b.wait(*done);
