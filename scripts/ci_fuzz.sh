@@ -9,6 +9,7 @@
 # targets are built (each compiles the few library sources it needs), never the library itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/ccache_env.sh
 build_only=false
 if [ "${1:-}" = --build-only ]; then build_only=true; shift; fi
 dir=${1:-build-fuzz}

@@ -5,6 +5,7 @@
 # Usage: scripts/ci_tsan.sh [build-dir]   (default build-tsan; $NINJA overrides the ninja command)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/ccache_env.sh
 dir=${1:-build-tsan}
 ninja_cmd=${NINJA:-ninja}
 

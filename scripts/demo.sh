@@ -3,6 +3,7 @@
 # Idempotent: reuses the build folder (default build/, or $TP_BUILD_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/ccache_env.sh
 bash scripts/deps.sh
 build=${TP_BUILD_DIR:-build}
 [ -f "$build/build.ninja" ] || meson setup "$build"

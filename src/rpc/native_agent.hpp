@@ -56,6 +56,10 @@ struct NativeAgentTuning {
     Duration member_timeout{0};
     /// Bytes of each device's cuda_ipc outbox (0: default_outbox_bytes()).
     std::size_t outbox_bytes = 0;
+    /// Replies queued for an inbound connection's peer (a caller that does not read them): over
+    /// `soft` bytes its requests are not read until the replies drain; past `hard` bytes in two or
+    /// more replies, the connection closes (OutputBounds). 0: no bound.
+    OutputBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30};
 };
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request
@@ -98,6 +102,9 @@ struct PeerLink {
     std::shared_ptr<Event> connecting;  ///< set while a connect runs; set() when it ends
     PendingCalls pending;               ///< calls awaiting its replies (CallTable)
     std::optional<Error> last_connect_error;
+    /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
+    /// fail, instead of waiting on (or looping over) a connect that no longer concerns anyone.
+    std::optional<Error> removed;
     DeviceMap map;      ///< my device -> its device (device_maps[to])
     DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
 };
@@ -203,6 +210,15 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A dynamic member's graceful leave: takes the token, finishes its calls, tells everyone,
     /// gives the token back. Before close_local.
     [[nodiscard]] Task<Result<void>> leave_dynamic(Clock::time_point deadline);
+    /// Whether the sender of `update` may send it (docs/protocol.md, "Who may change the group"):
+    /// it holds the group token for that change, a leaver or remover is a member, a joiner holds
+    /// its rank's claim, and every member listed is one of ours or, on doubt, one of the store's.
+    [[nodiscard]] Task<Result<void>> check_update_sender(WorkerInfo caller, const MembershipUpdate& update);
+    /// A dynamic group's gate on requests: a peer that is not a member (a joiner, a removed member)
+    /// may call only what joining needs; the error to answer it with otherwise (logged once a name).
+    [[nodiscard]] std::optional<Error> refuse_caller(const HelloInfo& peer, std::string_view handler);
+    /// Names of refused callers already logged (bounded: a flood of names logs a bounded count).
+    std::vector<std::string> refused_logged;
     /// Makes the peer table, maps and device list those of `update`'s members (seed rules).
     [[nodiscard]] Result<void> apply_membership(const MembershipUpdate& update);
     /// Adds a member to the peer table (and its counters), listening at `addresses`.
@@ -238,8 +254,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     Event removals_idle;
     /// Set by a graceful leave: connections that close from then on are no sign of a death.
     bool leaving = false;
-    /// Set when the group removed this member while it was alive (its claim on its rank is gone).
-    bool evicted = false;
+    /// Set when the group removed this member while it was alive (its claim on its rank is gone):
+    /// why every call of this worker fails from then on (evict()).
+    std::optional<Error> evicted;
+    /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
+    /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
+    void evict(Error why);
 
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);

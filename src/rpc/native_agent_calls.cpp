@@ -180,6 +180,7 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     } else {
         std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
         inbound.push_back(conn);
+        set_output_bounds(*conn, tuning.reply_bounds);  // (its peer's requests stop being read while it reads no replies)
     }
     auto* c = conn.get();
     dispatch_to(*c, std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
@@ -269,6 +270,7 @@ int AgentCore::ready_rank(const std::string& to) {
 Result<int> AgentCore::check_call(const std::string& to) const {
     if (state == State::closed || state == State::draining)
         return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
+    if (evicted) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
     const int rank = peers.rank_of(to);
     if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers.names() + ")");
     return rank;

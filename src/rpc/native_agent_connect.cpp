@@ -16,12 +16,18 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     PeerLink& p = *link;
     for (;;) {
         if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+        if (p.removed) co_return fail(*p.removed);
         if (p.conn && p.conn->is_open()) co_return p.conn;
         if (!p.connecting) break;
         auto wait = p.connecting;  // (the connect may end, and a new one begin, while we wait)
         auto ec = co_await wait->wait();
         if (ec) co_return fail(from_error_code(ec, "waiting for the connection to worker \"" + p.info.name + "\""));
         if (!(p.conn && p.conn->is_open()) && p.last_connect_error) co_return fail(*p.last_connect_error);
+        // Each turn of this loop must have waited: an event that was set without its connect
+        // ending (the member removed, the agent closed) is caught by the checks above, and a set
+        // event still in place here ends the wait instead of spinning the event loop.
+        if (wait == p.connecting && wait->is_set() && !(p.conn && p.conn->is_open()))
+            co_return fail(Errc::connection_lost, "the connection to worker \"" + p.info.name + "\" ended unfinished", p.info.name);
     }
     // Whoever waits on this connect resumes (in place) once it has ended, its outcome recorded.
     struct ConnectEnded {
@@ -77,6 +83,10 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     if (state == State::closed) {
         conn->close();
         co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+    }
+    if (p.removed) {  // (taken out of the group while the handshake ran)
+        conn->close(*p.removed);
+        co_return fail(*p.removed);
     }
     if (conn->peer().name != p.info.name || conn->peer().rank != rank) {
         conn->close();

@@ -64,20 +64,29 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
         auto [ec] = co_await timer.async_wait(use_nothrow);
         if (ec || core->state != AgentCore::State::running) co_return;
         auto beaten = co_await core->store->add(beat, 1);
-        // (The claim holds our name while we are a member: a compare_set of it with itself.)
+        // The claim holds our name while we are a member: read by value. (A compare_set of it with
+        // itself is no check: for a missing key, the removal having deleted it, c10d answers with
+        // the expected value. A key that is there answers with what it holds.)
+        std::vector<std::string> claim_key(1, claim);  // (no braced list in a co_await: GCC 12)
+        auto present = co_await core->store->check(std::move(claim_key));
         auto held = co_await core->store->compare_set(claim, mine, mine);
-        if (!beaten || !held) {
+        if (!beaten || !present || !held) {
             if (!store_failing)
                 log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" cannot beat its heartbeat in the store: " +
-                                               (beaten ? held.error() : beaten.error()).to_string());
+                                               (!beaten ? beaten.error() : !present ? present.error() : held.error()).to_string());
             store_failing = true;
             continue;
         }
         store_failing = false;
-        if (*held != mine) {
-            core->evicted = true;
-            log(LogLevel::error, "rpc", "worker \"" + core->self.name + "\" was removed from the dynamic group by the others "
-                                        "(they could not reach it); it is no longer a member: shut it down and start it again");
+        if (!*present || *held != mine) {
+            // (No ?: with a string literal in a coroutine: GCC 12 fails with "array used as initializer".)
+            std::string by;
+            if (*present) by = " (rank " + std::to_string(core->self.id) + " is now worker \"" + to_string(*held) + "\")";
+            Error why(Errc::shutdown, "worker \"" + core->self.name + "\" was removed from the dynamic group by the others" + by +
+                                          " (they could not reach it); it is no longer a member: shut it down and start it again",
+                      core->self.name);
+            log(LogLevel::error, "rpc", why.message());
+            core->evict(std::move(why));
             co_return;
         }
         const int next = successor(core->members, core->self.id);
@@ -178,6 +187,18 @@ Duration AgentCore::member_timeout() const {
 
 void AgentCore::start_liveness() {
     tasks.spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
+}
+
+void AgentCore::evict(Error why) {
+    if (evicted || state == State::closed) return;
+    evicted = why;
+    peers.for_each([&](PeerLink& p) {
+        calls.fail(p.pending, nullptr, why);
+        if (p.conn) p.conn->close(why);
+        p.conn.reset();
+    });
+    for (auto& w : inbound)
+        if (auto c = w.lock()) c->close(why);
 }
 
 void AgentCore::suspect(int rank, std::string why) {

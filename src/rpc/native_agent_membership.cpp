@@ -45,6 +45,13 @@ Task<Result<Message>> answer_membership(std::shared_ptr<AgentCore> core, WorkerI
     if (!by_itself && (u->subject == caller.name || core->peers.rank_of(caller.name) < 0))
         co_return fail(Errc::invalid_argument, "worker \"" + caller.name + "\" may not remove worker \"" + u->subject +
                                                    "\" (only another member removes a dead one)");
+    if (auto checked = co_await core->check_update_sender(caller, *u); !checked) {
+        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\": " + checked.error().message());
+        co_return fail(std::move(checked).error());
+    }
+    // (The group may have changed while the store was asked: a leaver or remover that left since.)
+    if (u->change != MembershipChange::join && core->peers.rank_of(caller.name) != caller.id)
+        co_return fail(Errc::unauthorized, "worker \"" + caller.name + "\" is no longer a member of the group");
     // A leaver's calls that we sent before this update still get their replies: it waits for our
     // answer, which we give once they have (so that no member may still call it after).
     std::shared_ptr<PeerLink> leaver;
@@ -292,6 +299,84 @@ Result<void> AgentCore::add_member(const WorkerInfo& info, std::vector<Transport
     return ok();
 }
 
+namespace {
+const char* change_token_purpose(MembershipChange c) {
+    switch (c) {
+    case MembershipChange::join: return "join";
+    case MembershipChange::leave: return "leave";
+    case MembershipChange::removal: return "removal";
+    }
+    return "?";
+}
+
+/// What `key` holds, without waiting for it: a compare_set that changes nothing ("" when absent:
+/// c10d answers a missing key's compare_set with the expected value, which no key here holds).
+Task<Result<std::string>> peek(Store& store, std::string key) {
+    static constexpr std::string_view kNever = "\x01tensorplay:peek\x01";
+    const Bytes probe(kNever.begin(), kNever.end());
+    auto v = co_await store.compare_set(std::move(key), probe, probe);
+    if (!v) co_return fail(std::move(v).error());
+    if (*v == probe) co_return std::string();
+    co_return to_string(*v);
+}
+}  // namespace
+
+Task<Result<void>> AgentCore::check_update_sender(WorkerInfo caller, const MembershipUpdate& u) {
+    auto keep = shared_from_this();
+    const std::string what = std::string("a membership update (\"") + change_token_purpose(u.change) + "\" of worker \"" + u.subject +
+                             "\") from worker \"" + caller.name + "\" (rank " + std::to_string(caller.id) + ")";
+    auto refuse = [&](const std::string& why) { return fail(Errc::unauthorized, what + " is refused: " + why); };
+    const PeerLink* link = peers.at(caller.id);
+    const bool caller_member = link && link->info.name == caller.name;
+    if (u.change != MembershipChange::join && !caller_member) co_return refuse("the sender is not a member of the group");
+    // Every change is made under the group token, by its holder.
+    auto holder = co_await peek(*store, kGroupTokenKey);
+    if (!holder) co_return fail(std::move(holder).error().context("checking " + what));
+    const std::string expect = "Token_for_" + caller.name + "_" + change_token_purpose(u.change) + "_";
+    if (!holder->starts_with(expect)) co_return refuse("the sender does not hold the group token for it");
+    if (u.change == MembershipChange::join) {
+        const bool lists_joiner = std::any_of(u.members.begin(), u.members.end(), [&](const GroupMember& m) {
+            return m.record.name == caller.name && m.record.rank == caller.id;
+        });
+        if (!lists_joiner) co_return refuse("it does not list the joiner under its rank");
+        auto claim = co_await peek(*store, member_claim_key(caller.id));
+        if (!claim) co_return fail(std::move(claim).error().context("checking " + what));
+        if (*claim != caller.name) co_return refuse("rank " + std::to_string(caller.id) + " is not claimed by the joiner");
+    }
+    // Every member it lists is one of ours; one that is not (we may have missed a change) must be
+    // one of the store's: listed there, its rank claimed under its name. A phantom is neither.
+    std::optional<std::vector<int>> listed;
+    for (const auto& m : u.members) {
+        const auto& r = m.record;
+        if (r.name == self.name && r.rank == self.id) continue;
+        if (u.change == MembershipChange::join && r.name == caller.name && r.rank == caller.id) continue;
+        if (const PeerLink* p = peers.at(r.rank); p && p->info.name == r.name) continue;
+        if (!listed) {
+            auto l = co_await read_member_ranks();
+            if (!l) co_return fail(std::move(l).error().context("checking " + what));
+            listed = std::move(*l);
+        }
+        auto claim = co_await peek(*store, member_claim_key(r.rank));
+        if (!claim) co_return fail(std::move(claim).error().context("checking " + what));
+        if (std::find(listed->begin(), listed->end(), r.rank) == listed->end() || *claim != r.name)
+            co_return refuse("it lists worker \"" + r.name + "\" (rank " + std::to_string(r.rank) + "), which is not a member of the group");
+    }
+    co_return ok();
+}
+
+std::optional<Error> AgentCore::refuse_caller(const HelloInfo& peer, std::string_view handler) {
+    const PeerLink* link = peers.at(peer.rank);
+    if (link && link->info.name == peer.name) return std::nullopt;
+    if (handler == kDeviceInfosHandler || handler == kMembershipHandler) return std::nullopt;  // (what joining needs)
+    Error why(Errc::unauthorized, "worker \"" + peer.name + "\" (rank " + std::to_string(peer.rank) + ") is not a member of the group of worker \"" +
+                                      self.name + "\": it may not call handler \"" + std::string(handler) + "\"");
+    if (refused_logged.size() < 64 && std::find(refused_logged.begin(), refused_logged.end(), peer.name) == refused_logged.end()) {
+        refused_logged.push_back(peer.name);
+        log(LogLevel::warn, "rpc", why.message());
+    }
+    return why;
+}
+
 Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
     const bool listed = std::any_of(update.members.begin(), update.members.end(), [&](const GroupMember& m) {
         return m.record.name == self.name && m.record.rank == self.id;
@@ -321,6 +406,9 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         calls.fail(link->pending, nullptr, why);
         if (link->conn) link->conn->close(why);
         link->conn.reset();
+        // Its connect's waiters wake and see it removed (ensure_connected): a set event left in
+        // place would resume them at once, every time, without the connect having ended.
+        link->removed = why;
         if (link->connecting) link->connecting->set();
         // Its own connections to us too: a removed member (taken for dead, or left out of a join)
         // that is still alive calls nobody any more. (A leaver's stay: its update call is on one.)
@@ -383,6 +471,9 @@ Task<Result<void>> AgentCore::start_dynamic() {
 Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     auto keep = shared_from_this();
     leaving = true;
+    // Evicted: no member any more, so nobody to tell and no token to take (its rank may be
+    // another worker's by now).
+    if (evicted) co_return ok();
     // A removal that we began ends first (it may hold the token, and should not be cut short).
     while (!suspects.empty()) {
         auto waiting = [](Event& e) -> Task<Result<void>> {
@@ -408,7 +499,8 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     // The group as the store lists it now: a member that the others removed (taking it for dead)
     // is no longer in it and tells nobody.
     auto listed = co_await read_member_ranks();
-    const bool member = listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
+    // (An evicted member's rank may be listed again: a new worker took it. It is not ours.)
+    const bool member = !evicted && listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
     if (listed && !member)
         log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" leaves a group that had removed it already");
     MembershipUpdate update{MembershipChange::leave, self.name, {}};

@@ -155,6 +155,11 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
             req.error = std::move(*error);
             return;
         }
+        if (dynamic())
+            if (auto refused = refuse_caller(conn->peer(), name)) {
+                req.error = std::move(*refused);
+                return;
+            }
         req.entry = handlers.enter(name);
         if (!req.entry) req.unknown = name;
         req.message = std::move(message);

@@ -162,13 +162,10 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
                 c10d::put_i64(out, 0);
                 return true;
             }
-            if (watchers.contains(r.keys[0])) {
-                Bytes old = std::move(it->second);
-                erase(it);
-                notify_watchers(r.keys[0], c10d::kWatchDeleted, old, {});
-            } else {
-                erase(it);
-            }
+            // (erase uncharges the value's size before it is moved out: a watched key's DELETE
+            // must not leave its bytes counted.)
+            Bytes old = erase(it);
+            if (watchers.contains(r.keys[0])) notify_watchers(r.keys[0], c10d::kWatchDeleted, old, {});
             c10d::put_i64(out, 1);
             return true;
         }
@@ -195,9 +192,11 @@ bool StoreServerState::handle(StoreConn& c, const c10d::Request& r, std::string&
     return false;
 }
 
-void StoreServerState::erase(StringMap<Bytes>::iterator it) {
+Bytes StoreServerState::erase(StringMap<Bytes>::iterator it) {
     stored_bytes -= charge(it->first, it->second.size());
+    Bytes value = std::move(it->second);
     data.erase(it);
+    return value;
 }
 
 void StoreServerState::store(std::string_view key, std::span<const std::uint8_t> value, bool append) {

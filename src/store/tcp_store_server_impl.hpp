@@ -153,7 +153,8 @@ private:
     bool space_for(c10d::Op op, std::size_t grow, std::string& why) const;
     /// What max_stored_bytes charges for `key` holding `value_size` bytes (0 for an absent key).
     static std::size_t charge(std::string_view key, std::size_t value_size) noexcept;
-    void erase(StringMap<Bytes>::iterator it);
+    /// Removes the key, uncharges its bytes, and returns its value.
+    Bytes erase(StringMap<Bytes>::iterator it);
     void key_changed(std::string_view key);
     void notify_watchers(std::string_view key, std::uint8_t event, std::span<const std::uint8_t> old_value,
                          std::span<const std::uint8_t> new_value);

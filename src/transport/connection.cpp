@@ -148,7 +148,9 @@ void ConnectionState::flush_now() {
     if (n == total) {
         stats.frames_sent += queue.size();
         queue.clear();
+        queue_bytes = 0;
         queue_written = 0;
+        output_written();
         return;
     }
     queue_written += n;
@@ -186,6 +188,7 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
         return ok();
     }
     queue.push_back(OutFrame{scratch, payload_inline ? Bytes{} : std::move(payload), std::move(tensors), {}});
+    queue_bytes += total;
     queue_written = written;
     wake.complete_later();
     return ok();
@@ -273,6 +276,7 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
             continue;
         }
         s->batch.swap(s->queue);
+        s->batch_bytes = std::exchange(s->queue_bytes, 0);
         s->writing = true;
         ++s->stats.writes;
         s->stats.frames_sent += s->batch.size();
@@ -282,6 +286,8 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
             auto w = co_await write_streamed(s, skip);
             s->writing = false;
             s->batch.clear();
+            s->batch_bytes = 0;
+            s->output_written();
             if (!w) {
                 if (s->open) s->close(std::move(w).error().on_worker(s->peer.name));
                 break;
@@ -295,6 +301,8 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
             auto w = co_await s->shm_write(s->bufs);
             s->writing = false;
             s->batch.clear();
+            s->batch_bytes = 0;
+            s->output_written();
             if (!w) {
                 if (s->open) s->close(std::move(w).error().context("writing to " + s->who()).on_worker(s->peer.name));
                 break;
@@ -310,12 +318,15 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
         }
         s->writing = false;
         s->batch.clear();
+        s->batch_bytes = 0;
+        s->output_written();
         if (ec) {
             if (s->open) s->close(from_error_code(ec, "writing to " + s->who()).on_worker(s->peer.name));
             break;
         }
     }
     s->queue.clear();
+    s->queue_bytes = 0;
 }
 
 std::string seconds_of(Duration d) {
@@ -543,6 +554,8 @@ void detail::set_short_reads(Connection& c, bool short_reads) {
     auto& s = ConnectionAccess::state(c);
     s.edge.short_reads = short_reads || !s.tcp;
 }
+
+void detail::set_output_bounds(Connection& c, OutputBounds bounds) { ConnectionAccess::state(c).out_bounds = bounds; }
 
 bool detail::input_pending(const Connection& c) noexcept {
     const auto& s = ConnectionAccess::state(c);

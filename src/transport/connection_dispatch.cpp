@@ -47,6 +47,20 @@ Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
     r.sink->on_frame(std::move(*f));
     dispatch_frames(*owner.release());
 }
+
+/// Backpressure: the peer does not read what we queued for it (over out_bounds.soft), so we read
+/// nothing more of it until the writer has brought the queue under the bound.
+Task<void> dispatch_when_drained(RearmedReadOwner<DispatchReader> owner) {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    DispatchReader& r = owner.op->reader;
+    ConnectionState& s = *r.s;
+    while (s.open && s.output_over()) co_await s.output_drained.wait();
+    if (!s.open) {
+        r.sink->on_closed(s.closed_error());
+        co_return;  // (the owner ends the op)
+    }
+    dispatch_frames(*owner.release());
+}
 }  // namespace
 
 namespace {
@@ -75,28 +89,31 @@ void dispatch_frames(DispatchOp& op) {
     try {
         for (;;) {
             std::optional<Error> err;
-            switch (hand_on_buffered(r, err)) {
-            case ConnectionState::Parse::frame:
-                continue;  // (not returned)
-            case ConnectionState::Parse::bad:
+            const ConnectionState::Parse p = hand_on_buffered(r, err);
+            if (p == ConnectionState::Parse::frame) continue;  // (not returned)
+            if (p == ConnectionState::Parse::bad) {
                 r.sink->on_closed(*err);
                 op.end();
                 return;
-            case ConnectionState::Parse::general: {
-                handed_on = true;
+            }
+            // Either reads the socket next: not while the peer leaves what we queued unread.
+            handed_on = true;
+            if (s.output_over()) [[unlikely]] {
+                auto keep = r.s;
+                auto sink = r.sink;
+                spawn_reader(std::move(keep), std::move(sink), dispatch_when_drained(RearmedReadOwner<DispatchReader>(&op)));
+                return;
+            }
+            if (p == ConnectionState::Parse::general) {
                 auto keep = r.s;
                 auto sink = r.sink;
                 spawn_reader(std::move(keep), std::move(sink), dispatch_general(RearmedReadOwner<DispatchReader>(&op)));
                 return;
             }
-            case ConnectionState::Parse::more: {
-                const bool again = s.recheck(r.sink->awaiting_input());
-                handed_on = true;
-                s.reading = true;
-                op.start(asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend), again);
-                return;
-            }
-            }
+            const bool again = s.recheck(r.sink->awaiting_input());
+            s.reading = true;
+            op.start(asio::buffer(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend), again);
+            return;
         }
     } catch (...) {
         // A sink that throws (out of memory) ends this connection, not the event loop.
@@ -122,6 +139,7 @@ Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
                 r.sink->on_closed(*err);
                 co_return;
             }
+            while (s.open && s.output_over()) co_await s.output_drained.wait();  // (backpressure, as above)
             if (p == ConnectionState::Parse::general) {
                 auto f = co_await s.read_general();
                 if (!f) {

@@ -130,6 +130,17 @@ void release_hold(Connection& c, std::uint64_t hold);
 /// sent since, is seen at once. Default: false.
 void set_short_reads(Connection& c, bool short_reads);
 
+/// Bounds on what a connection queues for a peer that does not read (docs/protocol.md,
+/// "Backpressure"): over `soft` bytes of frames queued for writing, it stops reading until the
+/// writer has brought them under; past `hard` bytes in two or more frames, it closes. 0: none.
+/// The agent bounds its inbound connections: a caller that never reads its replies stops being
+/// read, and pins at most about `soft` plus the replies to the requests read before that.
+struct OutputBounds {
+    std::size_t soft = 0;
+    std::size_t hard = 0;
+};
+void set_output_bounds(Connection& c, OutputBounds bounds);
+
 /// True when bytes of further frames are already buffered (receive() will not wait for them).
 [[nodiscard]] bool input_pending(const Connection& c) noexcept;
 

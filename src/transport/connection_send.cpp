@@ -38,7 +38,18 @@ namespace {
 Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool flush) {
     const bool was_empty = s.queue.empty();
     s.streamed_queued = s.streamed_queued || !out.sources.empty();
+    s.queue_bytes += detail::ConnectionState::out_size(out);
     s.queue.push_back(std::move(out));
+    if (const std::size_t hard = s.out_bounds.hard;
+        hard != 0 && s.queue_bytes + s.batch_bytes > hard && s.queue.size() + s.batch.size() > 1) [[unlikely]] {
+        // (One frame of any size passes: the peer may be reading it.)
+        s.close(Error(Errc::connection_lost, std::to_string(s.queue_bytes + s.batch_bytes) + " bytes in " +
+                                                 std::to_string(s.queue.size() + s.batch.size()) + " frames are queued for " + s.who() +
+                                                 ", which does not read them (over the hard bound of " + std::to_string(hard) +
+                                                 " bytes): connection closed",
+                      s.peer.name));
+        return fail(s.closed_error());
+    }
     // A partly written queue (queue_written > 0) is the writer's to finish: the socket is full.
     if (flush && !s.writing && s.queue_written == 0) {
         s.flush_now();

@@ -130,6 +130,23 @@ struct ConnectionState {
     std::uint64_t sends = 0, sends_at_read = 0;
 
     std::vector<OutFrame> queue, batch;
+    /// Bytes of the frames in `queue` and in `batch` (the writer's), and their bounds: a reader
+    /// stops while they are over out_bounds.soft and waits on `output_drained` (set_output_bounds).
+    std::size_t queue_bytes = 0, batch_bytes = 0;
+    OutputBounds out_bounds;
+    ResumeSlot output_drained;
+    [[nodiscard]] bool output_over() const noexcept {
+        return out_bounds.soft != 0 && queue_bytes + batch_bytes > out_bounds.soft;
+    }
+    /// The writer took a batch off, or wrote it: a paused reader resumes once under the bound.
+    void output_written() {
+        if (output_drained.waiting() && !output_over()) output_drained.complete_later();
+    }
+    [[nodiscard]] static std::size_t out_size(const OutFrame& f) noexcept {
+        std::size_t n = f.head.size() + f.payload.size();
+        for (const auto& t : f.tensors) n += t.nbytes();
+        return n;
+    }
     Bytes scratch;                  ///< the head of a frame sent directly (send_direct)
     std::size_t queue_written = 0;  ///< bytes at the front of `queue` already written by a flush
     bool writing = false;           ///< the writer is between taking a batch and finishing its write
@@ -169,6 +186,7 @@ struct ConnectionState {
         socket.close(ec);
         if (shm) shm->close();
         wake.complete_later();
+        output_drained.complete_later();
         watchdog.cancel();
         tasks.cancel();
         // Each lease is let go before its tensors: a peer still reading them sees that (cma_lease.hpp)

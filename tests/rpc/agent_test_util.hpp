@@ -43,7 +43,7 @@ inline BackendInitArgs init_args(std::shared_ptr<Store> store, int rank, int wor
 }
 
 /// Starts `n` agents on the awaiting coroutine's executor; fails the test if one does not start.
-inline Task<AgentGroup> make_group(int n, Configure configure = {}) {
+inline Task<AgentGroup> make_group(int n, Configure configure = {}, detail::NativeAgentTuning tuning = {}) {
     auto ex = co_await asio::this_coro::executor;
     AgentGroup g;
     g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
@@ -51,7 +51,7 @@ inline Task<AgentGroup> make_group(int n, Configure configure = {}) {
     std::vector<std::optional<Error>> errors(n);
     detail::Channel<void(std::error_code, int)> done(ex, n);
     for (int r = 0; r < n; ++r) {
-        asio::co_spawn(ex, detail::NativeAgent::create(init_args(g.store, r, n, configure)),
+        asio::co_spawn(ex, detail::NativeAgent::create(init_args(g.store, r, n, configure), tuning),
                        [&g, &errors, &done, r](std::exception_ptr e, Result<AgentPtr> a) {
                            if (e) errors[r] = Error(Errc::internal, "exception while starting");
                            else if (a) g.agents[r] = *a;

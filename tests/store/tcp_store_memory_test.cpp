@@ -197,6 +197,40 @@ TEST_CASE("a connection over the output limit whose socket takes nothing is clos
     });
 }
 
+TEST_CASE("deleting a watched key gives its bytes back to max_stored_bytes", "[store][fault]") {
+    // (Issue 32: the DELETE of a watched key moved the value out before uncharging it, so every
+    // cycle left its size counted: 17 cycles of 64 KiB here were refused as over 1 MiB.)
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_stored_bytes = kMiB;
+        so.max_queued_output = 256 * kMiB;  // the watcher below never reads, and must stay
+        so.max_queued_output_hard = 256 * kMiB;
+        so.queued_output_timeout = 60s;
+        auto server = *TcpStoreServer::start(ex, so);
+        auto c = *co_await TcpStore::connect(ex, client_options(server->port()));
+        tcp::socket watcher(ex);
+        co_await raw_connect(&watcher, server->port());
+        co_await send_all(watcher, legacy_watch("/w"));
+        auto registered = co_await read_within(watcher, 1, 5s);
+        REQUIRE(registered.bytes == Bytes{0x03});
+        for (std::uint32_t i = 0; i < 64; ++i) {
+            CO_REQUIRE(co_await c->set("w", pattern(64 * 1024, i)));
+            auto deleted = co_await c->delete_key("w");
+            CO_REQUIRE(deleted);
+            REQUIRE(*deleted);
+        }
+        // One key of 3/4 of the limit fits: nothing of the 64 deleted values is still counted.
+        CO_REQUIRE(co_await c->set("after", pattern(768 * 1024, 99)));
+        auto back = co_await c->get("after");
+        CO_REQUIRE(back);
+        CHECK(*back == pattern(768 * 1024, 99));
+        c->close();
+        server->stop();
+    });
+}
+
 TEST_CASE("many connections that claim a 64 MiB value and send a few bytes do not make the server reserve it",
           "[store][fault]") {
     run_with_deadline(120s, []() -> Task<void> {
