@@ -12,8 +12,7 @@ ninja_cmd=${NINJA:-ninja}
 if [ ! -f "$dir/build.ninja" ]; then
   # -Wno-tsan: GCC 12 warns that TSan does not instrument atomic_thread_fence (Asio's std_fenced_block);
   # the fences Asio uses are paired with atomics TSan does see.
-  # -Doptimization=1: as TSan's authors advise (and less compile time than -O2).
-  meson setup "$dir" -Db_sanitize=thread -Db_lundef=false -Dexamples=false -Dbench=false -Dcuda=disabled -Doptimization=1 \
+  meson setup "$dir" -Db_sanitize=thread -Db_lundef=false -Dexamples=false -Dbench=false -Dcuda=disabled \
     -Dwerror=true -Dcpp_args=-Wno-tsan
 fi
 

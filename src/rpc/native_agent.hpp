@@ -260,6 +260,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
     /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
     void evict(Error why);
+    /// Who holds this worker's rank claim in the store: its name while it is a member, nothing
+    /// once the others removed it, another name once a new worker took the rank.
+    [[nodiscard]] Task<Result<std::optional<std::string>>> claim_holder();
+    /// Evicts this worker (and says so) when `holder`, claim_holder's answer, is not its name;
+    /// true when it did. Asked under the group token before this worker changes the group.
+    bool evicted_by(const std::optional<std::string>& holder);
 
     /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
     [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);

@@ -256,7 +256,7 @@ Duration timeout_duration(double secs) {
 }  // namespace
 
 int AgentCore::ready_rank(const std::string& to) {
-    if (state != State::running && state != State::starting) return -1;
+    if ((state != State::running && state != State::starting) || evicted) return -1;  // (check_call says why)
     const PeerLink* peer = peers.at(last_called);
     if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
         const int rank = peers.rank_of(to);

@@ -53,8 +53,6 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
     const Duration timeout = core->member_timeout();
     const Duration interval = beat_interval(timeout);
     const std::string beat = member_beat_key(core->self.id);
-    const std::string claim = member_claim_key(core->self.id);
-    const Bytes mine = bytes(core->self.name);
     bool store_failing = false;
     int watched = -1;
     std::int64_t last = -1;
@@ -64,31 +62,20 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
         auto [ec] = co_await timer.async_wait(use_nothrow);
         if (ec || core->state != AgentCore::State::running) co_return;
         auto beaten = co_await core->store->add(beat, 1);
-        // The claim holds our name while we are a member: read by value. (A compare_set of it with
-        // itself is no check: for a missing key, the removal having deleted it, c10d answers with
-        // the expected value. A key that is there answers with what it holds.)
-        std::vector<std::string> claim_key(1, claim);  // (no braced list in a co_await: GCC 12)
-        auto present = co_await core->store->check(std::move(claim_key));
-        auto held = co_await core->store->compare_set(claim, mine, mine);
-        if (!beaten || !present || !held) {
+        Result<std::optional<std::string>> holder = fail(Errc::internal, "unread");
+        if (beaten)
+            holder = co_await core->claim_holder();
+        else
+            holder = fail(beaten.error());
+        if (!holder) {
             if (!store_failing)
                 log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" cannot beat its heartbeat in the store: " +
-                                               (!beaten ? beaten.error() : !present ? present.error() : held.error()).to_string());
+                                               holder.error().to_string());
             store_failing = true;
             continue;
         }
         store_failing = false;
-        if (!*present || *held != mine) {
-            // (No ?: with a string literal in a coroutine: GCC 12 fails with "array used as initializer".)
-            std::string by;
-            if (*present) by = " (rank " + std::to_string(core->self.id) + " is now worker \"" + to_string(*held) + "\")";
-            Error why(Errc::shutdown, "worker \"" + core->self.name + "\" was removed from the dynamic group by the others" + by +
-                                          " (they could not reach it); it is no longer a member: shut it down and start it again",
-                      core->self.name);
-            log(LogLevel::error, "rpc", why.message());
-            core->evict(std::move(why));
-            co_return;
-        }
+        if (core->evicted_by(*holder)) co_return;
         const int next = successor(core->members, core->self.id);
         if (next < 0) continue;
         auto seen = co_await core->store->add(member_beat_key(next), 0);
@@ -130,11 +117,23 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
                                        "), but it answers");
         co_return;
     }
+    if (core->evicted || core->state != AgentCore::State::running) co_return;  // (no member to remove anyone)
     const auto deadline = Clock::now() + core->membership_wait_limit();
     auto token = co_await GroupToken::acquire(core->store, core->self.name, TokenPurpose::removal, deadline);
     if (!token) {
         log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name + "\": " +
                                        token.error().to_string());
+        co_return;
+    }
+    // Under the token nobody else changes the group, so what the store says of us holds until we
+    // give it back: a member that was itself removed while it did not run (stopped, partitioned)
+    // and has not seen it yet must not remove anyone (the others' group would lose a live member).
+    auto holder = co_await core->claim_holder();
+    if (core->evicted || !holder || core->evicted_by(*holder)) {
+        if (!holder)
+            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name +
+                                           "\": reading its own claim: " + holder.error().to_string());
+        (void)co_await (*token)->release();
         co_return;
     }
     // Under the token the group is as the store lists it: gone already (it left, or another member
@@ -199,6 +198,33 @@ void AgentCore::evict(Error why) {
     });
     for (auto& w : inbound)
         if (auto c = w.lock()) c->close(why);
+}
+
+// (The claim is read by value: a compare_set of the key with itself is no check, as c10d answers
+// a missing key with the expected value; a key that is there answers with what it holds.)
+Task<Result<std::optional<std::string>>> AgentCore::claim_holder() {
+    auto keep = shared_from_this();
+    const std::string claim = member_claim_key(self.id);
+    const Bytes mine = bytes(self.name);
+    std::vector<std::string> claim_key(1, claim);  // (no braced list in a co_await: GCC 12)
+    auto present = co_await store->check(std::move(claim_key));
+    if (!present) co_return fail(present.error());
+    if (!*present) co_return std::optional<std::string>();
+    auto held = co_await store->compare_set(claim, mine, mine);
+    if (!held) co_return fail(held.error());
+    co_return std::optional<std::string>(to_string(*held));
+}
+
+bool AgentCore::evicted_by(const std::optional<std::string>& holder) {
+    if (holder && *holder == self.name) return false;
+    std::string by;
+    if (holder) by = " (rank " + std::to_string(self.id) + " is now worker \"" + *holder + "\")";
+    Error why(Errc::shutdown, "worker \"" + self.name + "\" was removed from the dynamic group by the others" + by +
+                                  " (they could not reach it); it is no longer a member: shut it down and start it again",
+              self.name);
+    log(LogLevel::error, "rpc", why.message());
+    evict(std::move(why));
+    return true;
 }
 
 void AgentCore::suspect(int rank, std::string why) {

@@ -471,10 +471,8 @@ Task<Result<void>> AgentCore::start_dynamic() {
 Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     auto keep = shared_from_this();
     leaving = true;
-    // Evicted: no member any more, so nobody to tell and no token to take (its rank may be
-    // another worker's by now).
-    if (evicted) co_return ok();
-    // A removal that we began ends first (it may hold the token, and should not be cut short).
+    // A removal that we began ends first (it may hold the token, and should not be cut short: a
+    // token whose holder ended without giving it back blocks the group until it goes stale).
     while (!suspects.empty()) {
         auto waiting = [](Event& e) -> Task<Result<void>> {
             auto ec = co_await e.wait();
@@ -486,6 +484,9 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
         auto wait = with_timeout(waiting(removals_idle), left);
         if (!co_await std::move(wait)) break;
     }
+    // Evicted: no member any more, so nobody to tell and no token to take (its rank may be
+    // another worker's by now).
+    if (evicted) co_return ok();
     auto token = co_await GroupToken::acquire(store, self.name, TokenPurpose::leave, deadline);
     if (!token) co_return fail(std::move(token).error().context("worker \"" + self.name + "\" leaving the group"));
     Result<void> result = ok();
@@ -499,8 +500,11 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     // The group as the store lists it now: a member that the others removed (taking it for dead)
     // is no longer in it and tells nobody.
     auto listed = co_await read_member_ranks();
-    // (An evicted member's rank may be listed again: a new worker took it. It is not ours.)
-    const bool member = !evicted && listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
+    // (An evicted member's rank may be listed again: a new worker took it. It is not ours: the
+    // claim says whose it is, and removing that worker's entries would evict it.)
+    auto holder = co_await claim_holder();
+    const bool claimed = !holder || !evicted_by(*holder);  // (a store that fails here fails the set below too)
+    const bool member = claimed && !evicted && listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
     if (listed && !member)
         log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" leaves a group that had removed it already");
     MembershipUpdate update{MembershipChange::leave, self.name, {}};

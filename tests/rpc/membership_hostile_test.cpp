@@ -442,10 +442,10 @@ TEST_CASE("forged membership updates and a non-member's calls are refused, and t
     SECTION("with a key the forger holds too") { run_forged("group key of issue 32"); }
 }
 
-// Hidden ([.]): the stopped member learns it (its calls fail saying so), but the others' wait for
-// its store flag fails in this harness; open in issue 32's note until understood.
+// (It used to fail about one run in three: a call made while the member was evicted connected
+// anew, and later calls took that connection past the eviction check, refused by the others.)
 TEST_CASE("a member stopped until the others removed it learns, when it runs again, that it is no member",
-          "[.][rpc][dynamic][multiprocess][fault]") {
+          "[rpc][dynamic][multiprocess][fault]") {
     auto run = start({removed_or_not, removed_or_not, removed_or_not});
     const char s = next_note(run.notify_read);
     if (s == 's') ::kill(run.children[2], SIGSTOP);

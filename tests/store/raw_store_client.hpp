@@ -3,7 +3,6 @@
 
 #include <tensorplay/store/tcp_store.hpp>
 
-#include "store/alloc_probe.hpp"
 #include "store/store_test_util.hpp"
 
 #include <asio/ip/tcp.hpp>
@@ -90,19 +89,6 @@ inline Task<ReadOutcome> read_within(tcp::socket& s, std::size_t n, Duration lim
 inline Task<bool> closed_within(tcp::socket& s, Duration limit) {
     auto r = co_await read_within(s, 1, limit);
     co_return r.closed && r.bytes.empty();
-}
-
-/// The live heap once it has stopped changing (the server has finished what it was doing).
-inline Task<std::size_t> settled_live_bytes() {
-    std::size_t last = alloc_probe::live_bytes();
-    for (int i = 0; i < 40; ++i) {
-        co_await pause(std::chrono::milliseconds(50));
-        const std::size_t now = alloc_probe::live_bytes();
-        const std::size_t diff = now > last ? now - last : last - now;
-        last = now;
-        if (i >= 3 && diff < 64 * 1024) break;
-    }
-    co_return last;
 }
 
 /// Polls until the server has `n` connections or `limit` passes; returns the last count seen.

@@ -3,6 +3,7 @@
 // Links alloc_probe.cpp: operator new throws std::bad_alloc above a size, as under memory pressure.
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "store/alloc_probe.hpp"
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
 

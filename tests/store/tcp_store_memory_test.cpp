@@ -3,6 +3,7 @@
 // Links alloc_probe.cpp, whose operator new counts the live heap of this process (server included).
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "store/alloc_probe.hpp"
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
 
@@ -14,6 +15,19 @@ using namespace tensorplay::test;
 using namespace std::chrono_literals;
 
 namespace {
+
+/// The live heap once it has stopped changing (the server has finished what it was doing).
+inline Task<std::size_t> settled_live_bytes() {
+    std::size_t last = alloc_probe::live_bytes();
+    for (int i = 0; i < 40; ++i) {
+        co_await pause(std::chrono::milliseconds(50));
+        const std::size_t now = alloc_probe::live_bytes();
+        const std::size_t diff = now > last ? now - last : last - now;
+        last = now;
+        if (i >= 3 && diff < 64 * 1024) break;
+    }
+    co_return last;
+}
 
 std::int64_t delta(std::size_t after, std::size_t before) {
     return static_cast<std::int64_t>(after) - static_cast<std::int64_t>(before);
