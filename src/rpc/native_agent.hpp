@@ -12,6 +12,7 @@
 
 #include "core/asio_compat.hpp"
 #include "core/event.hpp"
+#include "core/log_throttle.hpp"
 #include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
 #include "rpc/handler_registry.hpp"
@@ -48,6 +49,11 @@ struct NativeAgentTuning {
     /// Inbound sockets held at once (handshaking or serving); beyond it, new ones are closed at
     /// once. 4096: well above one connection from each worker of a large group.
     std::size_t max_inbound_connections = 4096;
+    /// Inbound sockets in their handshake at once (not yet authenticated and admitted); one more
+    /// ends the oldest such handshake. A real peer's handshake takes a round trip or two; a silent
+    /// socket holds its place until the handshake timeout, so silent sockets never fill
+    /// max_inbound_connections.
+    std::size_t max_inbound_handshakes = 64;
     /// Bound on every store wait during init and graceful shutdown (0: the store's timeout).
     Duration init_timeout{0};
     /// Dynamic groups: how long a member's heartbeat may stand still before it is probed (0: the
@@ -158,6 +164,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<std::weak_ptr<Connection>> inbound;
     std::size_t inbound_open = 0;  ///< inbound sockets accepted and not yet closed (tuning.max_inbound_connections)
     bool inbound_full_logged = false;
+    /// The sockets of inbound connections in their handshake, by when they came (oldest first):
+    /// the accept loop ends the oldest when tuning.max_inbound_handshakes are (native_agent_accept.cpp).
+    std::map<std::uint64_t, int> handshaking;
+    std::uint64_t next_handshake = 0;
+    LogThrottle refusals_logged;  ///< the warnings of refused and ended handshakes (a peer causes them at will)
 
     HandlerRegistry handlers;
     std::mutex pool_mutex;
@@ -379,6 +390,10 @@ private:
 /// not cover (`targets` then incomplete), or -1 when all are placed.
 [[nodiscard]] std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors,
                                                 std::vector<Device>& targets);
+
+/// Accepts the inbound connections of `listener` until the agent closes: each one's handshake runs
+/// in its own task, bounded by tuning.max_inbound_connections and max_inbound_handshakes.
+[[nodiscard]] Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener);
 
 /// Logs an exception that escaped a spawned coroutine (a co_spawn completion handler).
 void log_task_error(std::exception_ptr e);

@@ -38,67 +38,6 @@ constexpr std::string_view kKeyPrefix = "native_agent/";
 
 Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
 
-
-Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream) {
-    HandshakeAuth auth;
-    auth.key = core->auth_key;
-    auth.admit = [c = core.get()](const HelloInfo& peer) { return c->admit(peer); };  // (runs within this coroutine)
-    // (A named task: its by-value arguments must not be temporaries of the co_await expression.)
-    auto accepting = accept_stream(std::move(stream), core->hello(), core->tuning.limits, std::move(auth));
-    auto c = co_await std::move(accepting);
-    if (!c) {
-        --core->inbound_open;
-        // (The error names the peer's address and what it claimed; it never holds key or proof bytes.)
-        if (core->state != AgentCore::State::closed)
-            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" rejected a connection: " + c.error().to_string());
-        co_return;
-    }
-    if (core->state == AgentCore::State::closed || (*c)->redirected()) {
-        // (Redirected: it negotiated only; the peer comes back over the chosen transport.)
-        --core->inbound_open;
-        (*c)->close();
-        co_return;
-    }
-    core->adopt_connection(std::move(*c), -1);
-}
-
-Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
-    // Peers are admitted against the roster, which start() reads after listening; a peer that is
-    // faster waits in the listen backlog until then (within its handshake timeout).
-    while (!core->roster_read && core->state == AgentCore::State::starting) {
-        auto ec = co_await core->roster_known.wait();
-        (void)ec;  // set() is the signal (also when closing)
-    }
-    for (;;) {
-        if (core->state == AgentCore::State::closed) co_return;
-        auto accepting = listener->accept();
-        auto stream = co_await std::move(accepting);
-        if (core->state == AgentCore::State::closed) co_return;
-        if (!stream) {
-            if (stream.error().code() == Errc::cancelled) co_return;
-            log(LogLevel::warn, "rpc", "accept failed on worker \"" + core->self.name + "\": " + stream.error().message());
-            asio::steady_timer pause(core->ex, std::chrono::milliseconds(10));
-            co_await pause.async_wait(use_nothrow);
-            continue;
-        }
-        if (core->inbound_open >= core->tuning.max_inbound_connections) {
-            if (!core->inbound_full_logged)
-                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" holds " + std::to_string(core->inbound_open) +
-                                               " inbound connections (NativeAgentTuning::max_inbound_connections): closing new ones");
-            core->inbound_full_logged = true;
-            std::error_code ignored;
-            stream->socket.close(ignored);
-            continue;
-        }
-        core->inbound_full_logged = false;
-        ++core->inbound_open;
-        if (!core->tasks.spawn(accept_inbound(core, std::move(*stream)), "the handshake of an inbound connection")) {
-            --core->inbound_open;  // (closing: the unstarted task closed the stream)
-            co_return;
-        }
-    }
-}
-
 }  // namespace
 
 int local_cuda_device_count() {

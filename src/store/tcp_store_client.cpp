@@ -77,8 +77,16 @@ Task<Result<void>> fill(Lane* lane, std::size_t n, const std::string* where) {
         auto [ec, got] = co_await lane->socket.async_read_some(
             asio::buffer(lane->in.data() + lane->in_end, lane->in.size() - lane->in_end), use_nothrow);
         lane->in_end += got;
+        lane->answered = lane->answered || got > 0;
         if (ec) {
             auto e = from_error_code(ec, "reading from the store at " + *where);
+            if (!lane->answered && (ec == asio::error::eof || ec == asio::error::connection_reset))
+                // (Closed before its first reply: what a full server does.)
+                e = Error(Errc::connection_lost,
+                          "the store at " + *where + " closed the connection before its first reply: it may be full "
+                          "(TcpStoreServerOptions::max_connections or max_connections_per_host), or not a c10d store (" +
+                              e.message() + ")",
+                          {}, ec);
             if (e.code() == Errc::cancelled) e = Error(Errc::connection_lost, e.message(), {}, ec);
             co_return fail(std::move(e));
         }

@@ -77,6 +77,7 @@ struct Lane : ClientDeadline {
     asio::any_io_executor parked_work;  ///< while parked: keeps the event loop from running out of work
     bool connected = false;
     bool dead = false;
+    bool answered = false;  // the store has sent a byte on this lane
     std::size_t waits = 0;  // operations with a WAIT queued or in flight here
 
     Bytes in;  // unread replies in [in_begin, in_end); the size is the capacity

@@ -88,7 +88,8 @@ Task<Result<void>> ClientState::probe_legacy(Lane& lane, Duration limit) {
     auto r = co_await with_timeout(send_and_fill(&lane, std::move(request), 8, where), limit);
     if (!r) co_return fail(Errc::protocol_error, "the listener closed the connection on the torch2 handshake (VALIDATE) and did "
                                                  "not answer a PyTorch 1.13 GETNUMKEYS either (" + reason(r.error()) +
-                                                     "): not a tensorplay/c10d store");
+                                                     "): it may be full (TcpStoreServerOptions::max_connections or "
+                                                     "max_connections_per_host), or not a tensorplay/c10d store");
     const auto n = static_cast<std::int64_t>(c10d::get_u64(lane.in.data() + lane.in_begin));
     const bool extra = lane.in_end - lane.in_begin > 8;
     lane.in_begin = lane.in_end = 0;

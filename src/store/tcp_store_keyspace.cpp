@@ -345,6 +345,8 @@ void StoreServerState::close(StoreConn& c) noexcept {
     }
     c.watch_keys.clear();
     conns.erase(&c);
+    silent.erase(c.id);
+    if (auto it = per_host.find(c.host); it != per_host.end() && --it->second == 0) per_host.erase(it);
     std::error_code ignored;
     c.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     c.socket.close(ignored);

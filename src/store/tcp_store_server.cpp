@@ -186,6 +186,10 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
                 break;
             }
             c->in_end += n;
+            if (!c->heard) {
+                c->heard = true;
+                server->silent.erase(c->id);
+            }
             if (c->in_end - c->in_begin < need) continue;
         }
         if (!c->sniffed) {
@@ -228,6 +232,49 @@ Task<void> run_sweeper(std::shared_ptr<TcpStoreServer::Impl> server) {
     }
 }
 
+/// Whether a connection just accepted may stay: within max_connections_per_host, and within
+/// max_connections, which a connection that has not sent a byte yet makes way for (the oldest).
+/// Refusals are logged once per burst.
+bool admit_connection(TcpStoreServer::Impl& server, const asio::ip::tcp::socket& socket) {
+    std::error_code ec;
+    const auto ep = socket.remote_endpoint(ec);
+    const std::string host = ec ? std::string() : ep.address().to_string();
+    auto refuse = [&](const std::string& why) {
+        if (!server.refusing) log(LogLevel::warn, "store", "refusing connections on " + server.address + ": " + why);
+        server.refusing = true;
+        return false;
+    };
+    // The oldest connection that has said nothing (from `from`, when given) makes way: a client
+    // sends its first request when it connects, so one that holds a place in silence is the
+    // likely attacker.
+    auto make_way = [&](const std::string* from, const std::string& full) {
+        for (const auto& [id, c] : server.silent) {
+            if (from && c->host != *from) continue;
+            if (!server.evicting)
+                log(LogLevel::warn, "store", "on " + server.address + ", " + full + ": closing the oldest that have sent nothing");
+            server.evicting = true;
+            server.close(*c);
+            return true;
+        }
+        return false;
+    };
+    bool made_way = false;
+    if (const auto limit = server.options.max_connections_per_host; limit && !host.empty())
+        if (auto it = server.per_host.find(host); it != server.per_host.end() && it->second >= limit) {
+            const std::string full = std::to_string(it->second) + " are open from " + host + " (max_connections_per_host)";
+            if (!make_way(&host, full)) return refuse(full + ", and each has sent requests");
+            made_way = true;
+        }
+    if (const auto limit = server.options.max_connections; limit && server.conns.size() >= limit) {
+        const std::string full = std::to_string(limit) + " are open (max_connections)";
+        if (!make_way(nullptr, full)) return refuse(full + ", and each has sent requests");
+        made_way = true;
+    }
+    if (!made_way) server.evicting = false;
+    server.refusing = false;
+    return true;
+}
+
 Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_t index) {
     auto& acceptor = server->acceptors[index];
     asio::steady_timer backoff(server->strand);
@@ -242,21 +289,18 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
             continue;
         }
         std::error_code ignored;
-        if (const auto limit = server->options.max_connections; limit && server->conns.size() >= limit) {
-            // Refused at once (the client sees its connection end); logged once per burst.
-            if (!server->refusing) log(LogLevel::warn, "store", "refusing connections on " + server->address + ": " +
-                                                                  std::to_string(limit) + " are open (max_connections)");
-            server->refusing = true;
+        if (!admit_connection(*server, socket)) {
             socket.close(ignored);
             continue;
         }
-        server->refusing = false;
         socket.set_option(asio::ip::tcp::no_delay(true), ignored);
         socket.non_blocking(true, ignored);  // send_dirty's direct sends must never block the strand
         std::shared_ptr<StoreConn> c;
         try {
             c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
             server->conns.insert(c.get());
+            server->silent.emplace(c->id, c.get());
+            if (!c->host.empty()) ++server->per_host[c->host];
             // The writer first: the reader may run up to its first read before spawn() returns.
             if (!server->spawn(run_writer(server, c), "a store connection's writer") ||
                 !server->spawn(run_reader(server, c), "a store connection's reader"))
@@ -335,6 +379,7 @@ StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint6
     std::error_code ec;
     auto ep = socket.remote_endpoint(ec);
     peer = ec ? "connection " + std::to_string(id) : endpoint_string(ep);
+    if (!ec) host = ep.address().to_string();
 }
 }  // namespace detail
 

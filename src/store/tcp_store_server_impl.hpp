@@ -12,6 +12,7 @@
 #include <asio/strand.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +48,8 @@ struct StoreConn : std::enable_shared_from_this<StoreConn> {
     asio::ip::tcp::socket socket;
     std::uint64_t id;
     std::string peer;
+    std::string host;    // the peer's IP address (max_connections_per_host)
+    bool heard = false;  // it has sent a byte (until then it is in the server's `silent`)
 
     bool sniffed = false;  // dialect decided from the first bytes
     c10d::Dialect dialect = c10d::Dialect::legacy;
@@ -112,6 +115,11 @@ struct StoreServerState : std::enable_shared_from_this<StoreServerState> {
     StringMap<std::vector<StoreConn*>> watchers;
     std::unordered_set<StoreConn*> conns;
     bool refusing = false;  ///< the last connection accepted was refused (max_connections): log once
+    /// Connections that have not sent a byte yet, by id (oldest first): the first to go when
+    /// max_connections are open.
+    std::map<std::uint64_t, StoreConn*> silent;
+    StringMap<std::size_t> per_host;  ///< connections open from each host (max_connections_per_host)
+    bool evicting = false;            ///< the last accept ended a silent connection: log once per burst
     std::vector<const Bytes*> multi_get_scratch;  // reused by MULTI_GET
     // Connections with output to send, sent at the end of each read batch. The list owns what it
     // names and close() takes a connection off it, so an entry can never outlive its connection,

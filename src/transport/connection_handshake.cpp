@@ -137,10 +137,17 @@ Task<Result<void>> send_verdict(ConnectionState& s, const HelloInfo& client, con
 
 /// Answers a hello with a refusal (`mine` with step refused): every refusal answers first, so
 /// that the client can say what went wrong.
-Task<void> refuse(ConnectionState& s, Hello& mine, const std::string& reason) {
-    mine.step = HelloStep::refused;
-    mine.reason = reason;
-    const Bytes out = encode_hello(mine);
+/// A refusal says who refuses and why, nothing more: a peer that is refused (one without the key,
+/// say) learns none of our transports' addresses, channel offers, pid or memory addresses.
+Task<void> refuse(ConnectionState& s, const Hello& mine, const std::string& reason) {
+    Hello bare;
+    bare.info.name = mine.info.name;
+    bare.info.rank = mine.info.rank;
+    bare.info.transports.clear();
+    bare.info.channels.clear();
+    bare.step = HelloStep::refused;
+    bare.reason = reason;
+    const Bytes out = encode_hello(bare);
     (void)co_await write_all(s, out);
 }
 

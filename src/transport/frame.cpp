@@ -145,8 +145,11 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
     FrameHeader h;
     if (peek_frame_header(bytes.data(), limits, h)) return h;
     // What is wrong with it, in the order a reader would notice.
-    if (const auto marker = load_le<std::uint16_t>(bytes.data()); marker != kFrameMarker)
-        return fail(Errc::protocol_error, "bad frame marker 0x" + std::to_string(marker) + " (garbage on the stream?)");
+    if (const auto marker = load_le<std::uint16_t>(bytes.data()); marker != kFrameMarker) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "%04x", static_cast<unsigned>(marker));
+        return fail(Errc::protocol_error, std::string("bad frame marker 0x") + hex + " (garbage on the stream?)");
+    }
     if (const auto kind = bytes[2]; kind < 1 || kind > 4)
         return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
     if (!kind_fits(bytes[2], h.flags, h.meta_len, h.payload_len))

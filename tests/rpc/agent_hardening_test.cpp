@@ -2,17 +2,26 @@
 // mid-reply, claimed lengths, silent and slow sockets, the connection limit.
 #include "rpc/agent_test_util.hpp"
 #include "support/sanitizers.hpp"
+#include "rpc/forked.hpp"
 
 #include <tensorplay/core/wire.hpp>
 
 #include "transport/frame.hpp"
 
 #include <asio/detached.hpp>
+#include <asio/posix/stream_descriptor.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 
 #include <filesystem>
 #include <fstream>
@@ -372,4 +381,89 @@ TEST_CASE("beyond max_inbound_connections the agent closes new sockets at once a
         REQUIRE(r);
         co_await test::shutdown_all(g, false);
     });
+}
+
+namespace {
+
+/// A forked process that opens `n` TCP sockets to `ep`, says nothing on them, writes 'S' on `out`,
+/// waits for a byte on `in`, then writes how many of its sockets the agent has closed (a
+/// std::size_t) and exits. Only system calls in the child (the parent has threads).
+pid_t fork_silent_sockets(const asio::ip::tcp::endpoint& ep, std::size_t n, int in, int out) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid != 0) return pid;
+    rlimit nofile{};
+    if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+        nofile.rlim_cur = nofile.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    static int fds[8192];
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(ep.port());
+    addr.sin_addr.s_addr = htonl(ep.address().to_v4().to_uint());
+    std::size_t opened = 0;
+    for (; opened < n && opened < 8192; ++opened) {
+        fds[opened] = ::socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[opened] < 0 || ::connect(fds[opened], reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) break;
+    }
+    if (opened < n) ::_exit(2);
+    if (::write(out, "S", 1) != 1) ::_exit(3);
+    char go = 0;
+    if (::read(in, &go, 1) != 1) ::_exit(4);
+    std::size_t closed = 0;
+    for (std::size_t i = 0; i < opened; ++i) {
+        char c = 0;
+        const auto r = ::recv(fds[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        closed += (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) ? 1 : 0;
+    }
+    if (::write(out, &closed, sizeof closed) != sizeof closed) ::_exit(5);
+    ::_exit(0);
+}
+
+/// Reads `n` bytes of the pipe `fd` on the event loop (the agents run meanwhile).
+Task<bool> read_pipe(int fd, void* to, std::size_t n) {
+    asio::posix::stream_descriptor d(co_await asio::this_coro::executor, ::dup(fd));
+    auto [ec, got] = co_await asio::async_read(d, asio::buffer(to, n), detail::use_nothrow);
+    co_return !ec && got == n;
+}
+
+}  // namespace
+
+TEST_CASE("4,100 silent sockets from another process do not lock peers out of the agent", "[rpc][agent][fault][hostile]") {
+    int to_child[2], from_child[2];
+    REQUIRE(::pipe(to_child) == 0);
+    REQUIRE(::pipe(from_child) == 0);
+    constexpr std::size_t kSilent = 4100;  // (past max_inbound_connections, 4096)
+    detail::NativeAgentTuning tuning;
+    std::size_t closed = 0;
+    pid_t pid = -1;
+    test::run_with_deadline(60s, [&]() -> Task<void> {
+        auto g = co_await make_tuned_group(2, tuning);
+        test::register_echo(g);
+        const auto addr = g[1]->listen_address();
+        pid = fork_silent_sockets(endpoint_of(addr), kSilent, to_child[0], from_child[1]);
+        char started = 0;
+        const bool opened = co_await read_pipe(from_child[0], &started, 1);
+        REQUIRE(opened);
+        REQUIRE(started == 'S');
+        // New peers still get through their handshakes, one after another.
+        std::vector<asio::ip::tcp::socket> peers;
+        for (int i = 0; i < 24; ++i) peers.push_back(co_await raw_handshaken(addr));
+        CHECK(peers.size() == 24);
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("ok"));
+        CHECK(r);
+        REQUIRE(::write(to_child[1], "G", 1) == 1);
+        const bool counted = co_await read_pipe(from_child[0], &closed, sizeof closed);
+        CHECK(counted);
+        std::printf("MEASURE %zu silent sockets: the agent ended %zu handshakes (at most %zu in progress at once), and let 24 "
+                    "peers in\n",
+                    kSilent, closed, tuning.max_inbound_handshakes);
+        co_await test::shutdown_all(g, false);
+    });
+    const auto codes = test::reap({pid}, std::chrono::seconds(10));
+    CHECK(codes[0] == 0);
+    // All but the newest max_inbound_handshakes were ended when later ones came.
+    CHECK(closed + tuning.max_inbound_handshakes >= kSilent);
+    for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }

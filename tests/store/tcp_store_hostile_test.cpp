@@ -7,6 +7,20 @@
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
 
+#include <asio/io_context.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <optional>
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -252,7 +266,7 @@ TEST_CASE("the key space is bounded by max_stored_bytes: a write past it closes 
     });
 }
 
-TEST_CASE("connections past max_connections are closed at once; the open ones are served and a freed place is taken",
+TEST_CASE("past max_connections, a client whose connections all sent requests is refused at once, saying the store may be full",
           "[store][fault]") {
     run_with_deadline(30s, []() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
@@ -260,27 +274,135 @@ TEST_CASE("connections past max_connections are closed at once; the open ones ar
         so.host = "127.0.0.1";
         so.max_connections = 3;
         auto server = *TcpStoreServer::start(ex, so);
+        // Three clients that have spoken (a PING each): none of them makes way.
+        Bytes ping = validate_bytes();
+        ping.push_back(0x0D);  // PING with a nonce
+        for (int i = 0; i < 4; ++i) ping.push_back(static_cast<std::uint8_t>(0x10 + i));
         std::vector<std::unique_ptr<tcp::socket>> open;
         for (int i = 0; i < 3; ++i) {
             open.push_back(std::make_unique<tcp::socket>(ex));
             co_await raw_connect(open.back().get(), server->port());
+            co_await send_all(*open.back(), ping);
+            auto pong = co_await read_within(*open.back(), 4, 2s);
+            CHECK(pong.complete);
         }
-        CHECK(co_await wait_for_connections(*server, 3, 2s) == 3);
         tcp::socket extra(ex);
         co_await raw_connect(&extra, server->port());
         const bool extra_closed = co_await closed_within(extra, 2s);
         CHECK(extra_closed);
-        // The open ones are served (a PING on the first, validated first).
-        Bytes req = validate_bytes();
-        req.push_back(0x0D);  // PING with a nonce
-        for (int i = 0; i < 4; ++i) req.push_back(static_cast<std::uint8_t>(0x10 + i));
-        co_await send_all(*open[0], req);
-        auto pong = co_await read_within(*open[0], 4, 2s);
-        CHECK(pong.complete);
+        // Our client says why it was closed before any reply.
+        std::optional<Error> why;
+        auto c = co_await TcpStore::connect(ex, client_options(server->port()));
+        if (!c) {
+            why = c.error();
+        } else {
+            auto v = co_await (*c)->get("k");
+            if (!v) why = v.error();
+            (*c)->close();
+        }
+        REQUIRE(why);
+        INFO(why->to_string());
+        CHECK_THAT(why->message(), Catch::Contains("it may be full"));
         // One goes: its place is taken by the next client.
         open[1]->close();
         CHECK(co_await wait_for_connections(*server, 2, 2s) == 2);
         co_await require_server_healthy(server->port(), "after-connection-limit");
         server->stop();
     });
+}
+
+TEST_CASE("past max_connections, the oldest connection that has sent nothing makes way for a new one", "[store][fault]") {
+    run_with_deadline(30s, []() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        TcpStoreServerOptions so;
+        so.host = "127.0.0.1";
+        so.max_connections = 3;
+        auto server = *TcpStoreServer::start(ex, so);
+        std::vector<std::unique_ptr<tcp::socket>> silent;
+        for (int i = 0; i < 3; ++i) {
+            silent.push_back(std::make_unique<tcp::socket>(ex));
+            co_await raw_connect(silent.back().get(), server->port());
+            CHECK(co_await wait_for_connections(*server, std::size_t(i) + 1, 2s) == std::size_t(i) + 1);
+        }
+        co_await require_server_healthy(server->port(), "past-silent");  // (in place of the first)
+        const bool first_closed = co_await closed_within(*silent[0], 2s);
+        CHECK(first_closed);
+        asio::error_code ec;
+        CHECK(silent[2]->available(ec) == 0);
+        CHECK_FALSE(ec);
+        server->stop();
+    });
+}
+
+namespace {
+
+/// A store server with `so` in its own process (it lives 60 s at most); its port comes back.
+pid_t spawn_store_with(TcpStoreServerOptions so, std::uint16_t& port) {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        asio::io_context ctx(1);
+        auto server = TcpStoreServer::start(ctx.get_executor(), so);
+        if (!server) ::_exit(2);
+        const std::uint16_t bound = (*server)->port();
+        if (::write(p[1], &bound, sizeof bound) != sizeof bound) ::_exit(3);
+        ctx.run_for(std::chrono::seconds(60));
+        ::_exit(0);
+    }
+    ::close(p[1]);
+    REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
+    ::close(p[0]);
+    return pid;
+}
+
+/// Whether the other end has closed the socket `fd` (a FIN or reset is waiting on it).
+bool closed_by_server(int fd) {
+    char c = 0;
+    const auto n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+}  // namespace
+
+TEST_CASE("thousands of silent sockets from one process do not lock other clients out of the store", "[store][fault][hostile]") {
+    // The server in its own process, at a quarter of the default max_connections (descriptors):
+    // 5,000 silent sockets refused every new client before.
+    TcpStoreServerOptions so;
+    so.host = "127.0.0.1";
+    so.max_connections = 4096;
+    std::uint16_t port = 0;
+    const pid_t pid = spawn_store_with(so, port);
+    rlimit nofile{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &nofile) == 0);
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+    constexpr std::size_t kSilent = 5000;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::vector<int> fds;
+    for (std::size_t i = 0; i < kSilent; ++i) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) break;
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+            ::close(fd);
+            break;
+        }
+        fds.push_back(fd);
+    }
+    CHECK(fds.size() == kSilent);
+    // A client that speaks is served among them.
+    run_with_deadline(30s, [&]() -> Task<void> { co_await require_server_healthy(port, "among-silent"); });
+    std::size_t closed = 0;
+    for (int fd : fds) closed += closed_by_server(fd) ? 1 : 0;
+    std::printf("MEASURE %zu silent sockets, max_connections %zu: the server closed the oldest %zu, and served a client\n",
+                fds.size(), so.max_connections, closed);
+    CHECK(closed + so.max_connections >= fds.size());
+    for (int fd : fds) ::close(fd);
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
 }

@@ -289,7 +289,7 @@ TEST_CASE("a client that reflects the server's proof back as its own is refused"
     });
 }
 
-TEST_CASE("a keyless raw client gets a refusal in the server's hello, then the close", "[transport][auth][fault]") {
+TEST_CASE("a keyless raw client gets a refusal in the server's hello, which tells nothing more, then the close", "[transport][auth][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
         asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
@@ -304,6 +304,10 @@ TEST_CASE("a keyless raw client gets a refusal in the server's hello, then the c
         auto theirs = co_await read_full_hello(raw);
         CHECK(theirs.step == td::HelloStep::refused);
         CHECK(theirs.reason.find("requires authentication") != std::string::npos);
+        // It learns who refused and why, none of our offers (addresses, pid, memory addresses).
+        CHECK(theirs.info.name == "server");
+        CHECK(theirs.info.transports.empty());
+        CHECK(theirs.info.channels.empty());
         const bool closed = co_await closed_by_peer(raw);
         CHECK(closed);
     });

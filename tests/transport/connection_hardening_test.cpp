@@ -3,6 +3,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/connection_ext.hpp"
+#include "transport/frame.hpp"
 #include "support/sanitizers.hpp"
 #include "transport/transport_test_util.hpp"
 
@@ -413,4 +414,13 @@ TEST_CASE("a tensor shape whose size overflows is a protocol error", "[transport
         CHECK(r.error().code() == Errc::protocol_error);
         CHECK_FALSE(p.conn->is_open());
     });
+}
+
+TEST_CASE("a bad frame marker is named in hex", "[transport][fault]") {
+    Bytes header(detail::kFrameHeaderSize, 0);
+    header[0] = 0xef;  // 0xbeef, little-endian
+    header[1] = 0xbe;
+    auto h = detail::decode_frame_header(header, ConnectionLimits{});
+    REQUIRE_FALSE(h);
+    CHECK_THAT(h.error().message(), Catch::Contains("bad frame marker 0xbeef"));
 }

@@ -39,8 +39,12 @@ struct TcpStoreServerOptions {
     /// Bytes the whole key space may hold (keys, values, and 64 bytes per key); a request that
     /// would pass it closes its connection, as any request over a limit does. 0 = no limit.
     std::size_t max_stored_bytes = std::size_t(4) << 30;
-    /// Client connections open at once; one more is accepted and closed at once, logged. 0 = no limit.
+    /// Client connections open at once. One more ends the oldest connection that has not sent a
+    /// byte yet, or when every one has, is accepted and closed at once (logged). 0 = no limit.
     std::size_t max_connections = 16384;
+    /// Client connections open at once from one IP address (one host cannot take the whole
+    /// store); one more is accepted and closed at once. 0 = no limit.
+    std::size_t max_connections_per_host = 4096;
 };
 
 /// A c10d-compatible TCP store server. It tells each connection's dialect from its first bytes
