@@ -235,10 +235,7 @@ Task<void> run_sweeper(std::shared_ptr<TcpStoreServer::Impl> server) {
 /// Whether a connection just accepted may stay: within max_connections_per_host, and within
 /// max_connections, which a connection that has not sent a byte yet makes way for (the oldest).
 /// Refusals are logged once per burst.
-bool admit_connection(TcpStoreServer::Impl& server, const asio::ip::tcp::socket& socket) {
-    std::error_code ec;
-    const auto ep = socket.remote_endpoint(ec);
-    const std::string host = ec ? std::string() : ep.address().to_string();
+bool admit_connection(TcpStoreServer::Impl& server, const std::string& host) {
     auto refuse = [&](const std::string& why) {
         if (!server.refusing) log(LogLevel::warn, "store", "refusing connections on " + server.address + ": " + why);
         server.refusing = true;
@@ -289,7 +286,9 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
             continue;
         }
         std::error_code ignored;
-        if (!admit_connection(*server, socket)) {
+        const auto peer = socket.remote_endpoint(ec);  // an error here: a peer already gone
+        const std::string host = ec ? std::string() : peer.address().to_string();
+        if (!admit_connection(*server, host)) {
             socket.close(ignored);
             continue;
         }
@@ -297,7 +296,8 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         socket.non_blocking(true, ignored);  // send_dirty's direct sends must never block the strand
         std::shared_ptr<StoreConn> c;
         try {
-            c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++);
+            c = std::make_shared<StoreConn>(*server, std::move(socket), server->next_conn_id++,
+                                            ec ? std::string() : endpoint_string(peer), host);
             server->conns.insert(c.get());
             server->silent.emplace(c->id, c.get());
             if (!c->host.empty()) ++server->per_host[c->host];
@@ -374,12 +374,10 @@ void StoreServerState::send_dirty() noexcept {
     sending.clear();
 }
 
-StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint64_t conn_id)
-    : server(s), socket(std::move(sock)), id(conn_id), wake(s.slots), drained(s.slots) {
-    std::error_code ec;
-    auto ep = socket.remote_endpoint(ec);
-    peer = ec ? "connection " + std::to_string(id) : endpoint_string(ep);
-    if (!ec) host = ep.address().to_string();
+StoreConn::StoreConn(StoreServerState& s, asio::ip::tcp::socket sock, std::uint64_t conn_id, std::string endpoint,
+                     std::string from_host)
+    : server(s), socket(std::move(sock)), id(conn_id), host(std::move(from_host)), wake(s.slots), drained(s.slots) {
+    peer = endpoint.empty() ? "connection " + std::to_string(id) : std::move(endpoint);
 }
 }  // namespace detail
 

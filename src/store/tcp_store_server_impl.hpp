@@ -42,7 +42,9 @@ struct StoreServerState;
 /// coroutine resumed so runs inside the call that completed it, up to its next wait; close()
 /// completes both last, and its callers hold the connection (or touch it no more) after it.
 struct StoreConn : std::enable_shared_from_this<StoreConn> {
-    StoreConn(StoreServerState& server, asio::ip::tcp::socket socket, std::uint64_t id);
+    /// `endpoint` ("host:port") and `host` are empty when the peer's address could not be read.
+    StoreConn(StoreServerState& server, asio::ip::tcp::socket socket, std::uint64_t id, std::string endpoint,
+              std::string host);
 
     StoreServerState& server;
     asio::ip::tcp::socket socket;
