@@ -16,6 +16,9 @@
 #include <set>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_deadline_queue_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::DeadlineHook;
@@ -148,3 +151,5 @@ TEST_CASE("a deadline keeper destroyed while its timer waits stops its sweep, wh
         CHECK(tasks.running() == 0);
     });
 }
+
+}  // namespace tp_deadline_queue_test

@@ -7,6 +7,9 @@
 #include <set>
 #include <sstream>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_error_test {
+
 using namespace tensorplay;
 
 TEST_CASE("an error prints its code, worker and message", "[core]") {
@@ -51,3 +54,5 @@ TEST_CASE("every code has a distinct name", "[core]") {
     REQUIRE(names.size() == static_cast<std::size_t>(Errc::internal) + 1);
     REQUIRE(names.count("unknown") == 0);
 }
+
+}  // namespace tp_error_test

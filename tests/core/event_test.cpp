@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_event_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::Event;
@@ -214,3 +217,5 @@ TEST_CASE("RemoteSignal: a waiter parked when its event loop is destroyed goes w
     // The event loop is gone: a late notification must not post into it (ASan: stack-use-after-scope).
     std::thread([late] { late.notify(); }).join();
 }
+
+}  // namespace tp_event_test

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_log_test {
+
 using namespace tensorplay;
 
 TEST_CASE("the sink receives lines at or above the level", "[core]") {
@@ -26,3 +29,5 @@ TEST_CASE("the sink receives lines at or above the level", "[core]") {
     set_log_sink({});
     set_log_level(LogLevel::warn);
 }
+
+}  // namespace tp_log_test

@@ -11,6 +11,9 @@
 
 #include <filesystem>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_resolve_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -72,3 +75,5 @@ TEST_CASE("a name that does not resolve is an io_error naming it", "[core][resol
         CHECK(r.error().message().find("no-such-host.invalid") != std::string::npos);
     });
 }
+
+}  // namespace tp_resolve_test

@@ -18,6 +18,9 @@
 #include <memory>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_resume_slot_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::ResumeSlot;
@@ -189,3 +192,5 @@ TEST_CASE("recycled blocks are reused by size and may be freed on another thread
     CHECK(m.size() == 500);
     CHECK(m.at(999) == 999 * 999);
 }
+
+}  // namespace tp_resume_slot_test

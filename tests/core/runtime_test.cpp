@@ -12,6 +12,9 @@
 #include <atomic>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_runtime_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -84,3 +87,5 @@ TEST_CASE("stop abandons pending work and join returns", "[core]") {
     rt.reset();
     REQUIRE_FALSE(fired);
 }
+
+}  // namespace tp_runtime_test

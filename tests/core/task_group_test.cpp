@@ -14,6 +14,9 @@
 #include <memory>
 #include <stdexcept>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_task_group_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::TaskGroup;
@@ -142,3 +145,5 @@ TEST_CASE("tasks still pending when their event loop is destroyed go with it, fr
     CHECK(group->running() == 0);
     group.reset();  // signals nothing: nothing of its tasks is left
 }
+
+}  // namespace tp_task_group_test

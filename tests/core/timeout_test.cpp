@@ -7,6 +7,9 @@
 #include <asio/redirect_error.hpp>
 #include <asio/steady_timer.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_timeout_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -119,3 +122,5 @@ TEST_CASE("with_timeout returns only once the cancelled operation has stopped", 
         REQUIRE(r.error().code() == Errc::timeout);
     });
 }
+
+}  // namespace tp_timeout_test

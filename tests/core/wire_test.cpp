@@ -3,6 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_wire_test {
+
 using namespace tensorplay;
 
 TEST_CASE("integers are written little-endian and read back", "[core]") {
@@ -72,3 +75,5 @@ TEST_CASE("patch_u32 rewrites a length written earlier", "[core]") {
     WireReader r(w.data());
     REQUIRE(r.u32() == 77);
 }
+
+}  // namespace tp_wire_test

@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_backend_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -211,3 +214,5 @@ TEST_CASE("pooled sim streams of a device are distinct from its default stream",
     CHECK(s2->id != 0);
     CHECK_FALSE(*s1 == *s2);
 }
+
+}  // namespace tp_backend_test

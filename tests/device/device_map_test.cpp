@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <random>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_device_map_test {
+
 using namespace tensorplay;
 
 namespace {
@@ -332,3 +335,5 @@ TEST_CASE("each single corruption of valid maps is rejected with the matching er
         CHECK(applied[k] > 20);  // the generator really exercises every corruption
     }
 }
+
+}  // namespace tp_device_map_test

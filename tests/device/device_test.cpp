@@ -6,6 +6,9 @@
 #include <sstream>
 #include <unordered_set>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_device_test {
+
 using namespace tensorplay;
 
 TEST_CASE("devices print as cpu, cuda and cuda:N", "[device]") {
@@ -73,3 +76,5 @@ TEST_CASE("cuda_device_count is never negative and is stable", "[device]") {
     CHECK(n >= 0);
     CHECK(cuda_device_count() == n);
 }
+
+}  // namespace tp_device_test

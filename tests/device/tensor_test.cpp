@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <limits>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tensor_test {
+
 using namespace tensorplay;
 
 TEST_CASE("element sizes and names of every dtype", "[device][tensor]") {
@@ -162,3 +165,5 @@ TEST_CASE("a freed large buffer is reused by the next allocation of that size", 
     auto other = Tensor::cpu(DType::uint8, {9 << 20});
     CHECK(other.data() != first);
 }
+
+}  // namespace tp_tensor_test

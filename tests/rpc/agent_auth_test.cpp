@@ -16,6 +16,9 @@
 #include <cstdlib>
 #include <mutex>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_auth_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 namespace td = tensorplay::detail;
@@ -437,3 +440,5 @@ TEST_CASE("init warns when the agent listens beyond loopback without a key", "[r
         CHECK_FALSE(logs.has(LogLevel::trace, {kKey}));
     });
 }
+
+}  // namespace tp_agent_auth_test

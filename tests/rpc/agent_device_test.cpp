@@ -18,6 +18,9 @@
 #include "transport/connection_ext.hpp"
 #include "transport/transport.hpp"
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_device_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -265,3 +268,5 @@ TEST_CASE("a cuda_ipc outbox takes a dropped hold's ranges back only once the co
         CHECK(again);
     });
 }
+
+}  // namespace tp_agent_device_test

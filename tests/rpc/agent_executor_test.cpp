@@ -16,6 +16,9 @@
 #include <string>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_executor_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -271,3 +274,5 @@ TEST_CASE("after a graceful shutdown none of the agents' coroutines runs: parked
         }
     });
 }
+
+}  // namespace tp_agent_executor_test

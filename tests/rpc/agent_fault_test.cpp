@@ -9,6 +9,9 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/write.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_fault_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -208,3 +211,5 @@ TEST_CASE("tensors land on the mapped device and replies come back through the r
     });
     uninstall_sim_backend();
 }
+
+}  // namespace tp_agent_fault_test

@@ -26,6 +26,9 @@
 #include <filesystem>
 #include <fstream>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_hardening_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -467,3 +470,5 @@ TEST_CASE("4,100 silent sockets from another process do not lock peers out of th
     CHECK(closed + tuning.max_inbound_handshakes >= kSilent);
     for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }
+
+}  // namespace tp_agent_hardening_test

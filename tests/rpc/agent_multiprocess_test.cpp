@@ -13,6 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_multiprocess_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -205,3 +208,5 @@ TEST_CASE("calls pending on a SIGKILLed worker fail with connection_lost within 
     CHECK(codes[1] == -SIGKILL);
     CHECK(codes[2] == 0);
 }
+
+}  // namespace tp_agent_multiprocess_test

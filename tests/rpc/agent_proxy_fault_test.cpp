@@ -9,6 +9,9 @@
 
 #include <tensorplay/core/wire.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_proxy_fault_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using test::Cut;
@@ -313,3 +316,5 @@ TEST_CASE("a delayed link still delivers every call", "[rpc][agent][fault][proxy
         co_await test::shutdown_all(pg.g);
     });
 }
+
+}  // namespace tp_agent_proxy_fault_test

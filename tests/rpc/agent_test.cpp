@@ -12,6 +12,9 @@
 #include <optional>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_agent_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -594,3 +597,5 @@ TEST_CASE("unregistering a handler with a call in flight refuses new calls at on
         co_await test::shutdown_all(g);
     });
 }
+
+}  // namespace tp_agent_test

@@ -18,6 +18,9 @@
 #include <future>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_api_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -205,3 +208,5 @@ TEST_CASE("init_rpc reports a malformed init method with its URL", "[rpc][api][f
         CHECK_THAT(agent.error().message(), Catch::Contains("init_rpc"));
     });
 }
+
+}  // namespace tp_api_test

@@ -12,6 +12,9 @@
 #include <sstream>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_backend_registry_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -282,3 +285,5 @@ TEST_CASE("an init handler's failure comes back through co_await init_backend", 
         CHECK(n.error().message() == "init_backend handler of RPC backend REG_NULL_AGENT returned no agent");
     });
 }
+
+}  // namespace tp_backend_registry_test

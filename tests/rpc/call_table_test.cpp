@@ -12,6 +12,9 @@
 
 #include <memory>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_call_table_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::CallTable;
@@ -182,3 +185,5 @@ TEST_CASE("drained() waits for the last call, gives up at its deadline, and ends
         co_await calls.close();
     });
 }
+
+}  // namespace tp_call_table_test

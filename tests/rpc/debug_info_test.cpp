@@ -2,6 +2,9 @@
 // by code, bytes, requests running, round-trip percentiles), and their JSON form.
 #include "rpc/agent_test_util.hpp"
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_debug_info_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -81,3 +84,5 @@ TEST_CASE("get_debug_info shows a request being served as running", "[rpc][agent
         co_await test::shutdown_all(g);
     });
 }
+
+}  // namespace tp_debug_info_test

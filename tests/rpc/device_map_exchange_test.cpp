@@ -16,6 +16,9 @@
 #include <optional>
 #include <random>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_device_map_exchange_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -296,3 +299,5 @@ TEST_CASE("the dynamic-group check allows unknown targets and builds every worke
     REQUIRE_FALSE(bad);
     CHECK(bad.error().message() == "worker b has invalid target devices");
 }
+
+}  // namespace tp_device_map_exchange_test

@@ -15,6 +15,9 @@
 
 #include <algorithm>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_dynamic_churn_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using test::AgentPtr;
@@ -349,3 +352,5 @@ TEST_CASE("after every join, leave and removal each member's devices and reverse
     });
     uninstall_sim_backend();
 }
+
+}  // namespace tp_dynamic_churn_test

@@ -11,6 +11,9 @@
 
 #include <algorithm>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_dynamic_group_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using test::AgentPtr;
@@ -177,3 +180,5 @@ TEST_CASE("membership updates round-trip, and malformed ones are refused before 
     REQUIRE_FALSE(huge);
     CHECK(huge.error().code() == Errc::protocol_error);
 }
+
+}  // namespace tp_dynamic_group_test

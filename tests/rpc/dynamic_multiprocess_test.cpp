@@ -17,6 +17,9 @@
 #include <algorithm>
 #include <cstdio>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_dynamic_multiprocess_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -269,3 +272,5 @@ TEST_CASE("a SIGSTOPped member process, its connections still open, is removed o
     CHECK(codes[1] == -SIGKILL);
     CHECK(codes[2] == 0);
 }
+
+}  // namespace tp_dynamic_multiprocess_test

@@ -22,6 +22,9 @@
 #include <string>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_group_token_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::GroupToken;
@@ -156,3 +159,5 @@ TEST_CASE("the token over a TCPStore server, one client per member", "[rpc][memb
         CHECK(co_await token_key(*clients[0]) == "");
     });
 }
+
+}  // namespace tp_group_token_test

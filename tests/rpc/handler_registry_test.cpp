@@ -13,6 +13,9 @@
 
 #include <optional>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_handler_registry_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 using detail::HandlerRegistry;
@@ -96,3 +99,5 @@ TEST_CASE("a removal whose wait is cancelled ends with an error and leaves the h
         CHECK(a->running == 0);
     });
 }
+
+}  // namespace tp_handler_registry_test

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_lifecycle_test {
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -89,3 +92,5 @@ TEST_CASE("a stopped worker holds the others' graceful shutdown only until their
         CHECK(children[static_cast<std::size_t>(r)].exited_ok());
     }
 }
+
+}  // namespace tp_lifecycle_test

@@ -26,6 +26,9 @@
 #include <algorithm>
 #include <cstdio>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_membership_hostile_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -458,3 +461,5 @@ TEST_CASE("a member stopped until the others removed it learns, when it runs aga
     CHECK(codes[1] == 0);
     CHECK(codes[2] == 0);
 }
+
+}  // namespace tp_membership_hostile_test

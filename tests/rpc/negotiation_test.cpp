@@ -15,6 +15,9 @@
 #include <ctime>
 #include <cstring>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_negotiation_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -302,3 +305,5 @@ TEST_CASE("the uds listener closes a peer of another user (SO_PEERCRED)", "[rpc]
         co_await test::shutdown_all(g);
     });
 }
+
+}  // namespace tp_negotiation_test

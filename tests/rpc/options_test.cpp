@@ -11,6 +11,9 @@
 #include <memory>
 #include <sstream>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_options_test {
+
 using namespace tensorplay;
 
 namespace {
@@ -107,3 +110,5 @@ TEST_CASE("set_devices replaces the device list", "[rpc]") {
     o.set_devices({c(2)});
     CHECK(o.devices == std::vector<Device>{c(2)});
 }
+
+}  // namespace tp_options_test

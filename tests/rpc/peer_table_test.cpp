@@ -6,6 +6,9 @@
 #include <atomic>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_peer_table_test {
+
 using namespace tensorplay;
 using tensorplay::detail::PeerLink;
 using tensorplay::detail::PeerTable;
@@ -94,3 +97,5 @@ TEST_CASE("a peer table's any-thread readers see whole members while the strand 
     CHECK(bad == 0);
     CHECK(t.size() == 1);
 }
+
+}  // namespace tp_peer_table_test

@@ -25,6 +25,9 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_reply_backpressure_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -295,3 +298,5 @@ TEST_CASE("replies past the hard bound, in more than one reply, close that calle
     });
     CHECK(code == 0);
 }
+
+}  // namespace tp_reply_backpressure_test

@@ -5,6 +5,9 @@
 #include <tensorplay/rpc/startup.hpp>
 #include <tensorplay/rpc/typed.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_startup_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -47,3 +50,5 @@ TEST_CASE("typed startup handlers answer the first calls of a new group", "[rpc]
         co_await test::shutdown_all(g);
     });
 }
+
+}  // namespace tp_startup_test

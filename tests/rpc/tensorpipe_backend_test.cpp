@@ -11,6 +11,9 @@
 
 #include <mutex>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tensorpipe_backend_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -241,3 +244,5 @@ TEST_CASE("the TENSORPIPE init handler hands valid arguments to the agent factor
     CHECK(f.error().code() == Errc::io_error);
     CHECK(f.error().message() == "cannot listen");
 }
+
+}  // namespace tp_tensorpipe_backend_test

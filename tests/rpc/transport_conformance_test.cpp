@@ -17,6 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_transport_conformance_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -381,3 +384,5 @@ TEST_CASE("calls pending on a killed peer process fail within a second over ever
     ::close(port_pipe[1]);
     ::close(ready_pipe[0]);
 }
+
+}  // namespace tp_transport_conformance_test

@@ -8,6 +8,9 @@
 
 #include <limits>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_typed_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -239,3 +242,5 @@ TEST_CASE("a reply of another type than the call expects is a local type error",
         CHECK(unknown.error().code() == Errc::invalid_argument);
     });
 }
+
+}  // namespace tp_typed_test

@@ -13,6 +13,9 @@
 #include <mutex>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_collectives_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -255,3 +258,5 @@ TEST_CASE("ranks on several threads gather through one store", "[store]") {
     INFO((errors.empty() ? std::string() : errors.front()));
     REQUIRE(good == kWorld);
 }
+
+}  // namespace tp_collectives_test

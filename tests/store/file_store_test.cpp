@@ -16,6 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_file_store_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -328,3 +331,5 @@ TEST_CASE("compaction keeps the last value of every key and forgets deleted ones
         }
     });
 }
+
+}  // namespace tp_file_store_test

@@ -9,6 +9,9 @@
 #include <atomic>
 #include <thread>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_hash_store_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -258,3 +261,5 @@ TEST_CASE("a waiter cancelled while another thread sets its key ends cleanly, 2,
     CHECK(cancelled > 0);
     REQUIRE(store->pending_waiters() == 0);
 }
+
+}  // namespace tp_hash_store_test

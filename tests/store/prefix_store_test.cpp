@@ -4,6 +4,9 @@
 
 #include "store/store_conformance.hpp"
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_prefix_store_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -66,3 +69,5 @@ TEST_CASE("a PrefixStore without a base refuses every operation", "[store]") {
         REQUIRE_FALSE(p.has_extended_api());
     });
 }
+
+}  // namespace tp_prefix_store_test

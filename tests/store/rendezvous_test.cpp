@@ -20,6 +20,9 @@
 
 #include <unistd.h>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_rendezvous_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -508,3 +511,5 @@ TEST_CASE("an extra rank is seen even when the last rank of rank 0's world is co
         }
     });
 }
+
+}  // namespace tp_rendezvous_test

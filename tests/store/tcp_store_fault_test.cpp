@@ -10,6 +10,9 @@
 
 #include <catch2/catch.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tcp_store_fault_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -394,3 +397,6 @@ TEST_CASE("a cancelled get ends at once with cancelled and the client stays usab
         (*server)->stop();
     });
 }
+
+}  // namespace tp_tcp_store_fault_test
+#undef REQUIRE_TRUE_AWAITED

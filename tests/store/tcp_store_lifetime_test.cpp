@@ -17,6 +17,9 @@
 #include <functional>
 #include <random>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tcp_store_lifetime_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -275,3 +278,5 @@ TEST_CASE("a stopped server's port refuses new clients and a new server serves o
         REQUIRE(freed);
     });
 }
+
+}  // namespace tp_tcp_store_lifetime_test

@@ -10,6 +10,9 @@
 
 #include <cstdio>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tcp_store_proxy_fault_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -206,3 +209,5 @@ TEST_CASE("a stalled store link ends a get at the client's timeout", "[store][fa
         });
     }
 }
+
+}  // namespace tp_tcp_store_proxy_fault_test

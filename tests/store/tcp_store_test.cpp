@@ -10,6 +10,9 @@
 #include <asio/strand.hpp>
 #include <asio/ip/tcp.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_tcp_store_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -395,3 +398,6 @@ TEST_CASE("a server and clients on a two-thread event loop serve every operation
     REQUIRE(r);
     CHECK(*r == 8 * 100);
 }
+
+}  // namespace tp_tcp_store_test
+#undef TP_IO_THREADS

@@ -15,6 +15,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_auth_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 namespace td = tensorplay::detail;
@@ -434,3 +437,5 @@ TEST_CASE("handshake cost with and without a key", "[.bench]") {
         }
     });
 }
+
+}  // namespace tp_auth_test

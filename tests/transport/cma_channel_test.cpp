@@ -21,6 +21,9 @@
 
 #include <cstring>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_cma_channel_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 namespace td = tensorplay::detail;
@@ -573,3 +576,5 @@ TEST_CASE("cma between two processes: tensors of every size round-trip byte for 
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
 }
+
+}  // namespace tp_cma_channel_test

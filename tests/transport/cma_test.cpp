@@ -24,6 +24,9 @@
 #include <cstring>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_cma_test {
+
 using namespace tensorplay;
 namespace cma = tensorplay::detail::cma;
 
@@ -329,3 +332,5 @@ TEST_CASE("the process at the other end of a socket is told apart from another o
     ::close(unix_listener);
     ::close(tcp_listener);
 }
+
+}  // namespace tp_cma_test

@@ -9,6 +9,9 @@
 
 #include <asio/steady_timer.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_connection_fault_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -653,3 +656,5 @@ TEST_CASE("a sink takes a tensor's bytes in pieces; one that refuses fails that 
         CHECK(p.server->is_open());
     });
 }
+
+}  // namespace tp_connection_fault_test

@@ -16,6 +16,9 @@
 #include <fstream>
 #include <string>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_connection_hardening_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -424,3 +427,5 @@ TEST_CASE("a bad frame marker is named in hex", "[transport][fault]") {
     REQUIRE_FALSE(h);
     CHECK_THAT(h.error().message(), Catch::Contains("bad frame marker 0xbeef"));
 }
+
+}  // namespace tp_connection_hardening_test

@@ -9,6 +9,9 @@
 #include <numeric>
 #include <optional>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_connection_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -353,3 +356,5 @@ TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch w
         CHECK(sink->why->code() == Errc::shutdown);
     });
 }
+
+}  // namespace tp_connection_test

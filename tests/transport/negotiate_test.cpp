@@ -11,6 +11,9 @@
 
 #include <asio/detached.hpp>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_negotiate_test {
+
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
@@ -238,3 +241,5 @@ TEST_CASE("the handshake proofs cover the channel offers' params (a forged cma p
     const detail::Transcript b{kProtocolVersion, &forged, &server, {}, {}, nullptr};
     CHECK(detail::transcript_bytes(a, detail::ProofBy::client) != detail::transcript_bytes(b, detail::ProofBy::client));
 }
+
+}  // namespace tp_negotiate_test

@@ -19,6 +19,9 @@
 #include <cstring>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_shm_connection_test {
+
 using namespace tensorplay;
 using namespace tensorplay::test;
 using namespace std::chrono_literals;
@@ -382,3 +385,5 @@ TEST_CASE("a wait on a closed connection ends with connection_lost", "[shm]") {
         REQUIRE(other.error().code() == Errc::connection_lost);
     });
 }
+
+}  // namespace tp_shm_connection_test

@@ -10,6 +10,9 @@
 #include <thread>
 #include <vector>
 
+// This file's own names: each layer's tests are compiled together (tests/meson.build).
+namespace tp_shm_ring_test {
+
 using namespace tensorplay;
 using namespace tensorplay::detail::shm;
 
@@ -177,3 +180,5 @@ TEST_CASE("a producer thread and a consumer thread keep every byte in order thro
     REQUIRE(bad == 0);
     REQUIRE(got == total);
 }
+
+}  // namespace tp_shm_ring_test
