@@ -130,19 +130,19 @@ public:
         return push(stream, "enqueue_host", SimOp{std::move(fn), nullptr, nullptr, true});
     }
 
-    Result<Event> record_event(Stream stream) override {
+    Result<tensorplay::Event> record_event(Stream stream) override {
         auto state = std::make_shared<HostEventState>();
         auto r = push(stream, "record_event", SimOp{[state] { state->complete(); }, nullptr, nullptr, false});
         if (!r) return fail(std::move(r).error());
-        return Event{state};
+        return tensorplay::Event{state};
     }
 
-    Result<void> wait_event(Stream stream, const Event& event) override {
+    Result<void> wait_event(Stream stream, const tensorplay::Event& event) override {
         if (event.ready()) return stream_of(stream, "wait_event").map([](auto&&) {});
         return push(stream, "wait_event", SimOp{nullptr, event.state(), nullptr, false});
     }
 
-    Task<Result<void>> wait(Event event) override { return await_event(event.state()); }
+    Task<Result<void>> wait(tensorplay::Event event) override { return await_event(event.state()); }
 
     // Host memory: any two sim devices reach each other's.
     Result<bool> can_access_peer(Device device, Device peer) override {

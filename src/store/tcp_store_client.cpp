@@ -313,11 +313,11 @@ Task<void> run_lane(std::shared_ptr<ClientState> s, std::shared_ptr<Lane> lane) 
 Lane::Lane(ClientState& client) : ClientDeadline(Kind::wait), socket(client.strand) {}
 
 namespace {
-LifetimeCounters g_counts;
+LifetimeCounters g_client_counts;
 }  // namespace
 
-std::size_t client_states_alive() noexcept { return g_counts.states.load(std::memory_order_relaxed); }
-std::size_t client_tasks_running() noexcept { return g_counts.tasks.load(std::memory_order_relaxed); }
+std::size_t client_states_alive() noexcept { return g_client_counts.states.load(std::memory_order_relaxed); }
+std::size_t client_tasks_running() noexcept { return g_client_counts.tasks.load(std::memory_order_relaxed); }
 
 ClientState::ClientState(Executor ex, TcpStoreOptions opts)
     : strand(asio::make_strand(std::move(ex))),
@@ -326,12 +326,12 @@ ClientState::ClientState(Executor ex, TcpStoreOptions opts)
       where(options.host + ":" + std::to_string(options.port)),
       deadlines(strand, tasks, [this](DeadlineHook& h) { on_deadline(static_cast<ClientDeadline&>(h)); }),
       tasks(strand) {  // (deadlines: `tasks` is bound now, used later)
-    g_counts.states.fetch_add(1, std::memory_order_relaxed);
+    g_client_counts.states.fetch_add(1, std::memory_order_relaxed);
 }
 
-ClientState::~ClientState() { g_counts.states.fetch_sub(1, std::memory_order_relaxed); }
+ClientState::~ClientState() { g_client_counts.states.fetch_sub(1, std::memory_order_relaxed); }
 
-void ClientState::spawn(Task<void> task, const char* what) { tasks.spawn(counted(g_counts, std::move(task)), what); }
+void ClientState::spawn(Task<void> task, const char* what) { tasks.spawn(counted(g_client_counts, std::move(task)), what); }
 
 // From the keeper's sweep (on the strand; never after shut(), which closes the keeper).
 void ClientState::on_deadline(ClientDeadline& d) {

@@ -19,7 +19,7 @@ std::span<const std::uint8_t> as_span(std::string_view s) {
     return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
-LifetimeCounters g_counts;
+LifetimeCounters g_server_counts;
 }  // namespace
 
 StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
@@ -30,15 +30,15 @@ StoreServerState::StoreServerState(Executor ex, TcpStoreServerOptions opts)
       sweep(strand),
       tasks(strand) {
     slots = &SlotRegistry::of(strand);
-    g_counts.states.fetch_add(1, std::memory_order_relaxed);
+    g_server_counts.states.fetch_add(1, std::memory_order_relaxed);
 }
 
-StoreServerState::~StoreServerState() { g_counts.states.fetch_sub(1, std::memory_order_relaxed); }
+StoreServerState::~StoreServerState() { g_server_counts.states.fetch_sub(1, std::memory_order_relaxed); }
 
-std::size_t server_states_alive() noexcept { return g_counts.states.load(std::memory_order_relaxed); }
-std::size_t server_tasks_running() noexcept { return g_counts.tasks.load(std::memory_order_relaxed); }
+std::size_t server_states_alive() noexcept { return g_server_counts.states.load(std::memory_order_relaxed); }
+std::size_t server_tasks_running() noexcept { return g_server_counts.tasks.load(std::memory_order_relaxed); }
 
-bool StoreServerState::spawn(Task<void> task, const char* what) { return tasks.spawn(counted(g_counts, std::move(task)), what); }
+bool StoreServerState::spawn(Task<void> task, const char* what) { return tasks.spawn(counted(g_server_counts, std::move(task)), what); }
 
 bool StoreServerState::reply_fits(Op op, std::size_t size, std::string& why) const {
     if (size <= options.max_reply_size) return true;
