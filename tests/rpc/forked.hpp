@@ -73,16 +73,15 @@ inline int run_child(Task<int> body, std::chrono::seconds limit) {
     return code;
 }
 
-/// A TCP store server in its own process (it lives 60 s at most); its port comes back in `port`.
-inline pid_t spawn_store(std::uint16_t& port) {
+/// A TCP store server with `so` (default: on 127.0.0.1) in its own process (it lives 60 s at
+/// most); its port comes back in `port`.
+inline pid_t spawn_store(std::uint16_t& port, TcpStoreServerOptions so = {.host = "127.0.0.1"}) {
     int p[2];
     REQUIRE(::pipe(p) == 0);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
         asio::io_context ctx(1);
-        TcpStoreServerOptions so;
-        so.host = "127.0.0.1";
         auto server = TcpStoreServer::start(ctx.get_executor(), so);
         if (!server) ::_exit(2);
         const std::uint16_t bound = (*server)->port();

@@ -3,6 +3,7 @@
 // Links alloc_probe.cpp: operator new throws std::bad_alloc above a size, as under memory pressure.
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "rpc/forked.hpp"
 #include "store/alloc_probe.hpp"
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
@@ -336,27 +337,6 @@ TEST_CASE("past max_connections, the oldest connection that has sent nothing mak
 
 namespace {
 
-/// A store server with `so` in its own process (it lives 60 s at most); its port comes back.
-pid_t spawn_store_with(TcpStoreServerOptions so, std::uint16_t& port) {
-    int p[2];
-    REQUIRE(::pipe(p) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        asio::io_context ctx(1);
-        auto server = TcpStoreServer::start(ctx.get_executor(), so);
-        if (!server) ::_exit(2);
-        const std::uint16_t bound = (*server)->port();
-        if (::write(p[1], &bound, sizeof bound) != sizeof bound) ::_exit(3);
-        ctx.run_for(std::chrono::seconds(60));
-        ::_exit(0);
-    }
-    ::close(p[1]);
-    REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
-    ::close(p[0]);
-    return pid;
-}
-
 /// Whether the other end has closed the socket `fd` (a FIN or reset is waiting on it).
 bool closed_by_server(int fd) {
     char c = 0;
@@ -373,7 +353,7 @@ TEST_CASE("thousands of silent sockets from one process do not lock other client
     so.host = "127.0.0.1";
     so.max_connections = 4096;
     std::uint16_t port = 0;
-    const pid_t pid = spawn_store_with(so, port);
+    const pid_t pid = test::spawn_store(port, so);
     rlimit nofile{};
     REQUIRE(::getrlimit(RLIMIT_NOFILE, &nofile) == 0);
     nofile.rlim_cur = nofile.rlim_max;
