@@ -104,7 +104,7 @@ struct Harness {
         socket.non_blocking(true, ec);
         slot.emplace();
         slot->peer = fds[1];
-        slot->conn = std::make_shared<StoreConn>(server, std::move(socket), next_id++);
+        slot->conn = std::make_shared<StoreConn>(server, std::move(socket), next_id++, std::string(), std::string());
         slot->conn->sniffed = true;
         slot->conn->dialect = dialect;
         server.conns.insert(slot->conn.get());
