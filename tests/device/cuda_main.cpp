@@ -1,9 +1,8 @@
 // The runner of the cuda backend tests: with TP_CUDA_REQUIRE_DEVICE set (the `cuda` suite, against
 // the real runtime) it exits 77 (meson: skipped) when this host has no usable CUDA device.
-#define CATCH_CONFIG_RUNNER
 #include <tensorplay/device/device.hpp>
 
-#include <catch2/catch.hpp>
+#include "support/catch_runner.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +12,6 @@ int main(int argc, char** argv) {
         std::puts("no CUDA device here: skipped");
         return 77;
     }
-    const int failed = Catch::Session().run(argc, argv);
+    const int failed = tensorplay::test::run_catch_session(argc, argv);
     return failed == 0 ? 0 : 1;
 }

@@ -5,10 +5,10 @@
 // flight. Normal suite: on the fake CUDA runtime (TP_CUDART, a TEST DOUBLE, 2 devices); `cuda`
 // suite: on a real GPU (TP_CUDA_REQUIRE_DEVICE=1; 77 without a device; with one device the maps
 // stay on cuda:0).
-#define CATCH_CONFIG_RUNNER
 #include "rpc/agent_test_util.hpp"
 #include "rpc/cuda_test_util.hpp"
 #include "rpc/forked.hpp"
+#include "support/catch_runner.hpp"
 
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/store/tcp_store.hpp>
@@ -461,5 +461,5 @@ int main(int argc, char** argv) {
             return 77;
         }
     }
-    return Catch::Session().run(argc, argv) == 0 ? 0 : 1;
+    return test::run_catch_session(argc, argv) == 0 ? 0 : 1;
 }

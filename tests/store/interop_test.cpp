@@ -1,10 +1,10 @@
 // Interop with PyTorch 1.13's c10d TCPStore: its client against our server, our client against its server.
 // Exits 77 (meson's skip) with a message when /usr/bin/python3 has no torch.
-#define CATCH_CONFIG_RUNNER
 #include <tensorplay/core/runtime.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "store/store_test_util.hpp"
+#include "support/catch_runner.hpp"
 #include "support/deadline.hpp"
 
 #include <catch2/catch.hpp>
@@ -161,5 +161,5 @@ int main(int argc, char** argv) {
                     kPython.c_str());
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    return tensorplay::test::run_catch_session(argc, argv);
 }
