@@ -271,10 +271,7 @@ TEST_CASE("past max_connections, a client whose connections all sent requests is
           "[store][fault]") {
     run_with_deadline(30s, []() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TcpStoreServerOptions so;
-        so.host = "127.0.0.1";
-        so.max_connections = 3;
-        auto server = *TcpStoreServer::start(ex, so);
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1", .max_connections = 3});
         // Three clients that have spoken (a PING each): none of them makes way.
         Bytes ping = validate_bytes();
         ping.push_back(0x0D);  // PING with a nonce
@@ -315,10 +312,7 @@ TEST_CASE("past max_connections, a client whose connections all sent requests is
 TEST_CASE("past max_connections, the oldest connection that has sent nothing makes way for a new one", "[store][fault]") {
     run_with_deadline(30s, []() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        TcpStoreServerOptions so;
-        so.host = "127.0.0.1";
-        so.max_connections = 3;
-        auto server = *TcpStoreServer::start(ex, so);
+        auto server = *TcpStoreServer::start(ex, {.host = "127.0.0.1", .max_connections = 3});
         std::vector<std::unique_ptr<tcp::socket>> silent;
         for (int i = 0; i < 3; ++i) {
             silent.push_back(std::make_unique<tcp::socket>(ex));
