@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
 
 namespace tensorplay::detail {
 namespace {
@@ -122,19 +124,26 @@ public:
         for (int i = 0; i < count; ++i) devices_.push_back(std::make_shared<CudaDevice>(api_, i, options_.streams_per_device));
     }
 
-    Result<void> init_staging() {
+    // The pinned staging pool, made at the first staging buffer (a backend that never stages
+    // allocates no pinned memory), under the thread's own context when it has one, else under the
+    // first device this process set up: cudaHostAlloc needs a context, and none is created for it.
+    Result<std::shared_ptr<PinnedArena>> staging() {
+        std::lock_guard lock(arena_mutex_);
+        if (arena_) return arena_;
         std::uint8_t* base = nullptr;
         if (options_.staging_bytes != 0) {
-            DeviceGuard guard(*api_, 0);
+            const int dev = host_alloc_device();
+            std::optional<DeviceGuard> guard;
+            if (dev >= 0) guard.emplace(*api_, dev);
             void* p = nullptr;
             if (auto e = api_->cudaHostAlloc(&p, options_.staging_bytes, cudaHostAllocPortable); e != cudaSuccess)
                 return fail(cuda_error(*api_, "cudaHostAlloc of the " + std::to_string(options_.staging_bytes) +
                                                   "-byte staging pool",
-                                       0, e));
+                                       dev, e));
             base = static_cast<std::uint8_t*>(p);
         }
         arena_ = std::make_shared<PinnedArena>(api_, base, options_.staging_bytes);
-        return ok();
+        return arena_;
     }
 
     std::string_view name() const noexcept override { return "cuda"; }
@@ -159,21 +168,26 @@ public:
     }
 
     Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes) override {
-        if (auto* p = arena_->take(nbytes == 0 ? 1 : nbytes))
-            return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(arena_, p, nbytes, false));
-        DeviceGuard guard(*api_, 0);
+        auto arena = staging();
+        if (!arena) return fail(std::move(arena).error());
+        if (auto* p = (*arena)->take(nbytes == 0 ? 1 : nbytes))
+            return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, p, nbytes, false));
+        const int dev = host_alloc_device();
+        std::optional<DeviceGuard> guard;
+        if (dev >= 0) guard.emplace(*api_, dev);
         void* p = nullptr;
         if (auto e = api_->cudaHostAlloc(&p, nbytes, cudaHostAllocPortable); e != cudaSuccess)
-            return fail(cuda_error(*api_, "cudaHostAlloc", 0, e).context("staging pool exhausted; allocating " +
-                                                                           std::to_string(nbytes) + " pinned bytes"));
-        return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(arena_, static_cast<std::uint8_t*>(p), nbytes, true));
+            return fail(cuda_error(*api_, "cudaHostAlloc", dev, e).context("staging pool exhausted; allocating " +
+                                                                             std::to_string(nbytes) + " pinned bytes"));
+        return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, static_cast<std::uint8_t*>(p), nbytes, true));
     }
 
+    // Attribute and bus id queries need no context: reading a device's properties sets nothing up
+    // on it (an agent reads every device's bus id to offer cuda_ipc).
     Result<DeviceProperties> properties(Device device) override {
-        auto dev = device_of(device, "properties");
+        auto dev = device_at(device, "properties");
         if (!dev) return fail(std::move(dev).error());
         auto& d = **dev;
-        DeviceGuard guard(d.api(), d.index());
         DeviceProperties p;
         p.device = Device::cuda(d.index());
         struct Attr { cudaDeviceAttr attr; int* out; };
@@ -187,6 +201,10 @@ public:
         if (auto e = d.api().cudaDeviceGetPCIBusId(bus, sizeof bus, d.index()); e != cudaSuccess)
             return fail(d.failure("cudaDeviceGetPCIBusId", e));
         p.pci_bus_id = bus;
+        if (d.api().cuDeviceTotalMem != nullptr && d.api().cuDeviceTotalMem(&p.total_memory, d.index()) == 0) return p;
+        // (No driver entry point: the runtime's query needs the device's context.)
+        if (auto r = d.ready(); !r) return fail(std::move(r).error());
+        DeviceGuard guard(d.api(), d.index());
         std::size_t free = 0;
         if (auto e = d.api().cudaMemGetInfo(&free, &p.total_memory); e != cudaSuccess) return fail(d.failure("cudaMemGetInfo", e));
         return p;
@@ -321,10 +339,10 @@ public:
         return std::shared_ptr<Storage>(std::make_shared<IpcStorage>(*dev, static_cast<std::uint8_t*>(p), nbytes, IpcStorage::Kind::imported));
     }
 
-    Result<bool> can_access_peer(Device device, Device peer) override {
-        auto dev = device_of(device, "can_access_peer");
+    Result<bool> can_access_peer(Device device, Device peer) override {  // (a query: no context)
+        auto dev = device_at(device, "can_access_peer");
         if (!dev) return fail(std::move(dev).error());
-        auto other = device_of(peer, "can_access_peer");
+        auto other = device_at(peer, "can_access_peer");
         if (!other) return fail(std::move(other).error());
         auto& d = **dev;
         if (d.index() == (*other)->index()) return true;
@@ -386,6 +404,15 @@ public:
     }
 
 private:
+    // The device whose context a cudaHostAlloc runs under: none to set (-1) when the thread has a
+    // context current, else the first device set up, else cuda:0.
+    int host_alloc_device() const {
+        if (api_->cuCtxGetCurrent != nullptr && api_->thread_has_context()) return -1;
+        for (const auto& d : devices_)
+            if (d->set_up()) return d->index();
+        return 0;
+    }
+
     static Task<Result<void>> fallback_wait(std::shared_ptr<EventState> state) { return await_event(std::move(state)); }
 
     static std::uint64_t group_of(const CudaDevice& d, std::uint32_t id) {
@@ -433,16 +460,23 @@ private:
         return std::make_shared<CudaEventState>(dev, *ev, group_of(d, id), *seq, true);
     }
 
+    // `device`'s object, set up (its context, streams and pool) on first use.
     Result<std::shared_ptr<CudaDevice>> device_of(Device device, std::string_view what) {
+        auto d = device_at(device, what);
+        if (!d) return d;
+        if (auto r = (*d)->ready(); !r) return fail(std::move(r).error());
+        return d;
+    }
+
+    // `device`'s object, as it is (nothing set up).
+    Result<std::shared_ptr<CudaDevice>> device_at(Device device, std::string_view what) {
         if (!device.is_cuda())
             return fail(Errc::device_error, "cuda backend: " + std::string(what) + " on " + device.str() + ", which is not a cuda device");
         const int idx = device.has_index() ? device.index : 0;
         if (idx >= static_cast<int>(devices_.size()))
             return fail(Errc::device_error, "cuda backend: " + std::string(what) + " on " + device.str() + ": this process sees only " +
                                                 std::to_string(devices_.size()) + " CUDA device(s)");
-        auto& d = devices_[static_cast<std::size_t>(idx)];
-        if (auto r = d->ready(); !r) return fail(std::move(r).error());
-        return d;
+        return devices_[static_cast<std::size_t>(idx)];
     }
 
     Result<std::shared_ptr<CudaDevice>> stream_device(Stream stream, std::string_view what) {
@@ -457,7 +491,8 @@ private:
     std::shared_ptr<const CudaApi> api_;
     CudaBackendOptions options_;
     std::vector<std::shared_ptr<CudaDevice>> devices_;
-    std::shared_ptr<PinnedArena> arena_;
+    std::mutex arena_mutex_;
+    std::shared_ptr<PinnedArena> arena_;  ///< made by staging()
 };
 
 }  // namespace
@@ -472,7 +507,6 @@ Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions opti
     if (!count) return fail(std::move(count).error());
     if (options.streams_per_device < 1) options.streams_per_device = 1;
     auto b = std::make_shared<detail::CudaBackend>(*api, *count, std::move(options));
-    if (auto r = b->init_staging(); !r) return fail(std::move(r).error());
     return std::shared_ptr<DeviceBackend>(std::move(b));
 }
 

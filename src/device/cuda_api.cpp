@@ -35,6 +35,12 @@ Result<std::shared_ptr<const CudaApi>> load_cuda_api(const std::string& path) {
         return fail(Errc::not_supported, "the CUDA runtime " + path + " lacks " #name " (a runtime older than 11.2?)");
 #include "device/cuda_api_list.inc"
 #undef TP_CUDA_FN
+    // The driver's own library is loaded already once the runtime ran; it is never closed either.
+    void* driver = ::dlsym(handle, "cuCtxGetCurrent") ? handle : ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (driver != nullptr) {
+        api->cuCtxGetCurrent = reinterpret_cast<int (*)(void**)>(::dlsym(driver, "cuCtxGetCurrent"));
+        api->cuDeviceTotalMem = reinterpret_cast<int (*)(std::size_t*, int)>(::dlsym(driver, "cuDeviceTotalMem_v2"));
+    }
     std::shared_ptr<const CudaApi> result = std::move(api);
     loaded->emplace(path, result);
     return result;
@@ -101,11 +107,21 @@ bool is_sticky(cudaError_t e) noexcept {
     }
 }
 
+bool CudaApi::thread_has_context() const noexcept {
+    void* ctx = nullptr;
+    if (cuCtxGetCurrent == nullptr || cuCtxGetCurrent(&ctx) != 0) return true;
+    return ctx != nullptr;
+}
+
 DeviceGuard::DeviceGuard(const CudaApi& api, int device) noexcept : api_(api) {
     int current = -1;
-    if (api_.cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    if (api_.cudaGetDevice(&current) != cudaSuccess) current = -1;
+    // (cudaGetDevice reads 0 on a thread that never chose a device: only a thread with a context
+    // current really has `current`.)
+    const bool had = current >= 0 && api_.thread_has_context();
+    if (had && current == device) return;
     status_ = api_.cudaSetDevice(device);
-    if (status_ == cudaSuccess) previous_ = current;
+    if (status_ == cudaSuccess && had) previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {

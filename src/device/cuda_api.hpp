@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,6 +22,13 @@ struct CudaApi {
 #define TP_CUDA_FN(name) decltype(&::name) name = nullptr;
 #include "device/cuda_api_list.inc"
 #undef TP_CUDA_FN
+    /// Two queries of the driver API (libcuda.so.1, or the runtime's library when it has them)
+    /// that need no context; null where the driver lacks them. CUresult is an int, 0 success.
+    int (*cuCtxGetCurrent)(void** ctx) = nullptr;
+    int (*cuDeviceTotalMem)(std::size_t* bytes, int device) = nullptr;
+
+    /// Whether the calling thread has a context current (true when the driver cannot say).
+    [[nodiscard]] bool thread_has_context() const noexcept;
 };
 
 /// Loads the runtime at `path` (a file name for the loader's search, or a path) and resolves every
@@ -42,7 +50,8 @@ struct CudaApi {
 [[nodiscard]] bool is_sticky(cudaError_t e) noexcept;
 
 /// Makes `device` current on this thread for its lifetime and restores the previous one (CUDA
-/// calls made on the wrong device would create a context on GPU 0).
+/// calls made on the wrong device would create a context on GPU 0). A thread that had no context
+/// current keeps `device`: restoring "device 0" there would create a context on GPU 0.
 class DeviceGuard {
 public:
     DeviceGuard(const CudaApi& api, int device) noexcept;

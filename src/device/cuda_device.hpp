@@ -36,6 +36,11 @@ public:
     [[nodiscard]] int index() const noexcept { return index_; }
     /// Creates the streams and configures the pool once (device current); the sticky error after.
     [[nodiscard]] Result<void> ready();
+    /// Whether ready() has set the device up (its context exists).
+    [[nodiscard]] bool set_up() const {
+        std::lock_guard lock(mutex_);
+        return initialised_;
+    }
     /// The error that made this device unusable, if one did.
     [[nodiscard]] std::optional<Error> sticky() const;
     /// The Error for `call` failing with `e`; a sticky `e` is remembered and every later call

@@ -28,6 +28,10 @@ long fake_cuda_host_alloc_calls(void);
 long fake_cuda_live_host_allocations(void);
 /** Calls that used a stream, event, pool or memory of one device while another device was current. */
 long fake_cuda_wrong_device_calls(void);
+/** Devices with a context (bit d: cuda:d), made by any call that needs one: cudaSetDevice, streams,
+ *  events, memory, pinned memory (on the current device), pools, cudaMemGetInfo. Device count,
+ *  attribute, PCI bus id and version queries make none, as on a GPU. */
+long fake_cuda_contexts(void);
 /** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */
 long fake_cuda_live_imports(void);
 

@@ -41,8 +41,25 @@ const Keys& keys() {
 }
 }  // namespace
 
-int current_device() { return static_cast<int>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().device))); }
-void set_current_device(int d) { pthread_setspecific(keys().device, reinterpret_cast<void*>(static_cast<std::intptr_t>(d))); }
+// The device key holds 1 + the current device, 0 while the thread has no context current (its
+// current device then reads 0, as cudaGetDevice answers on a fresh thread).
+int current_device() {
+    const auto v = reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().device));
+    return v == 0 ? 0 : static_cast<int>(v - 1);
+}
+bool thread_bound() { return pthread_getspecific(keys().device) != nullptr; }
+void use_device(int device) {
+    if (device >= 0 && device < max_devices) state().devices[device].context.store(true);
+}
+void set_current_device(int d) {
+    use_device(d);
+    pthread_setspecific(keys().device, reinterpret_cast<void*>(static_cast<std::intptr_t>(d) + 1));
+}
+int use_current_device() {
+    const int d = current_device();
+    set_current_device(d);
+    return d;
+}
 cudaError_t last_error() { return static_cast<cudaError_t>(reinterpret_cast<std::intptr_t>(pthread_getspecific(keys().error))); }
 void set_last_error(cudaError_t e) { pthread_setspecific(keys().error, reinterpret_cast<void*>(static_cast<std::intptr_t>(e))); }
 
@@ -224,7 +241,7 @@ int device_of(const void* p, std::size_t n) {
 // default stream.
 CUstream_st* resolve(cudaStream_t s) {
     if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) return s;
-    auto& d = state().devices[current_device()];
+    auto& d = state().devices[use_current_device()];
     std::lock_guard lock(state().mutex);
     if (d.default_stream == nullptr) {
         auto* st = new CUstream_st;
@@ -333,7 +350,7 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-    FAKE_CHECK_DEVICE(current_device());
+    FAKE_CHECK_DEVICE(use_current_device());
     std::lock_guard lock(state().mutex);
     auto& h = state().devices[current_device()].heap;
     *total = h.limit;
@@ -343,6 +360,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
     if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    use_device(device);
     std::lock_guard lock(state().mutex);
     auto& d = state().devices[device];
     if (d.pool == nullptr) d.pool = new CUmemPoolHandle_st{device};
@@ -380,10 +398,11 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
-    FAKE_CHECK_DEVICE(current_device());
+    FAKE_CHECK_DEVICE(use_current_device());
     return set_error(plain_alloc(current_device(), n, p));
 }
 cudaError_t cudaDeviceSynchronize(void) {
+    (void)use_current_device();
     std::vector<CUstream_st*> mine;
     {
         std::lock_guard lock(state().mutex);
@@ -404,6 +423,7 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
     ++state().host_alloc_calls;
+    (void)use_current_device();  // (pinned memory belongs to a context)
     *p = std::aligned_alloc(4096, (std::max<std::size_t>(n, 1) + 4095) / 4096 * 4096);
     if (*p == nullptr) return set_error(cudaErrorMemoryAllocation);
     std::lock_guard lock(state().mutex);
@@ -421,7 +441,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-    FAKE_CHECK_DEVICE(current_device());
+    FAKE_CHECK_DEVICE(use_current_device());
     *s = new_stream(current_device());
     return cudaSuccess;
 }
@@ -533,6 +553,25 @@ long fake_cuda_live_host_allocations(void) {
     return static_cast<long>(state().host.size());
 }
 long fake_cuda_wrong_device_calls(void) { return state().wrong_device; }
+long fake_cuda_contexts(void) {
+    long mask = 0;
+    for (int d = 0; d < max_devices; ++d)
+        if (state().devices[d].context.load()) mask |= 1L << d;
+    return mask;
+}
+
+// Two entry points of the driver API (libcuda), which the backend looks up beside the runtime's:
+// no context needed for either. CUresult is an int; 0 is CUDA_SUCCESS.
+int cuCtxGetCurrent(void** ctx) {
+    *ctx = thread_bound() ? &state().devices[current_device()] : nullptr;
+    return 0;
+}
+int cuDeviceTotalMem_v2(size_t* bytes, int device) {
+    if (device < 0 || device >= std::min(state().visible.load(), max_devices)) return 101;  // CUDA_ERROR_INVALID_DEVICE
+    std::lock_guard lock(state().mutex);
+    *bytes = state().devices[device].heap.limit;
+    return 0;
+}
 long fake_cuda_live_imports(void) {
     std::lock_guard lock(state().mutex);
     return static_cast<long>(state().imported.size());

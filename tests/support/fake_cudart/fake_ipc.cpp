@@ -35,7 +35,7 @@ extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags) {
     if (in_callback()) return set_error(cudaErrorNotPermitted);
-    if (auto e = sticky(current_device()); e != cudaSuccess) return set_error(e);
+    if (auto e = sticky(use_current_device()); e != cudaSuccess) return set_error(e);
     if ((flags & cudaEventInterprocess) != 0 && (flags & cudaEventDisableTiming) == 0) return set_error(cudaErrorInvalidValue);
     auto* out = new CUevent_st;
     out->device = current_device();
@@ -83,7 +83,7 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* ev, cudaIpcEventHandle_t handle)
     ::close(fd);
     if (!shared) return set_error(cudaErrorMemoryAllocation);
     auto* out = new CUevent_st;
-    out->device = current_device();
+    out->device = use_current_device();
     out->flags = cudaEventDisableTiming | cudaEventInterprocess;
     out->shared = std::move(shared);
     *ev = out;
@@ -121,7 +121,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
 }
 
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags) {
-    if (auto e = sticky(current_device()); e != cudaSuccess) return set_error(e);
+    if (auto e = sticky(use_current_device()); e != cudaSuccess) return set_error(e);
     if (flags != cudaIpcMemLazyEnablePeerAccess) return set_error(cudaErrorInvalidValue);  // the only flag there is
     MemHandle m;
     std::memcpy(&m, &handle, sizeof m);

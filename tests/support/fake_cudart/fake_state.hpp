@@ -67,6 +67,7 @@ struct Device {
     std::atomic<int> sticky{0};
     CUstream_st* default_stream = nullptr;
     CUmemPoolHandle_st* pool = nullptr;
+    std::atomic<bool> context{false};  ///< its primary context exists (some call needed one)
 };
 
 struct State {
@@ -86,7 +87,15 @@ State& state();
 // Per-thread current device and last error, in pthread keys rather than thread_local: the dynamic
 // TLS of a dlopen'ed library crashed LeakSanitizer's tracer (GCC 12, glibc 2.36).
 int current_device();
+/// Makes `d` current on this thread and creates its primary context (cudaSetDevice, CUDA 12+).
 void set_current_device(int d);
+/// Whether this thread has a context current (cuCtxGetCurrent): it set a device or made a call
+/// that needed one (which binds the current device's primary context, device 0 by default).
+bool thread_bound();
+/// A call that needs the current device's context: creates it and binds the thread to it.
+int use_current_device();
+/// A call that needs `device`'s context without making it current (e.g. its memory pool).
+void use_device(int device);
 cudaError_t last_error();
 /// Whether this thread runs a stream's host function now (CUDA calls then fail: not permitted).
 bool in_callback();
