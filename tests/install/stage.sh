@@ -8,7 +8,9 @@ unset LD_LIBRARY_PATH
 stage() {
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    meson install -C "$1" --no-rebuild --quiet --destdir "$tmp" >/dev/null
+    # One `meson install` of a build folder at a time (they share its install log); the tests that
+    # stage run in parallel otherwise.
+    flock "$1/meson-private/tp-install.lock" meson install -C "$1" --no-rebuild --quiet --destdir "$tmp" >/dev/null
     local pc
     pc=$(find "$tmp" -name tensorplay-rpc.pc | head -n 1)
     [ -n "$pc" ] || { echo "FAIL: tensorplay-rpc.pc was not installed"; exit 1; }
