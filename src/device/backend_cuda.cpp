@@ -132,15 +132,9 @@ public:
         if (arena_) return arena_;
         std::uint8_t* base = nullptr;
         if (options_.staging_bytes != 0) {
-            const int dev = host_alloc_device();
-            std::optional<DeviceGuard> guard;
-            if (dev >= 0) guard.emplace(*api_, dev);
-            void* p = nullptr;
-            if (auto e = api_->cudaHostAlloc(&p, options_.staging_bytes, cudaHostAllocPortable); e != cudaSuccess)
-                return fail(cuda_error(*api_, "cudaHostAlloc of the " + std::to_string(options_.staging_bytes) +
-                                                  "-byte staging pool",
-                                       dev, e));
-            base = static_cast<std::uint8_t*>(p);
+            auto p = host_alloc(options_.staging_bytes);
+            if (!p) return fail(std::move(p).error().context("the staging pool"));
+            base = *p;
         }
         arena_ = std::make_shared<PinnedArena>(api_, base, options_.staging_bytes);
         return arena_;
@@ -172,14 +166,9 @@ public:
         if (!arena) return fail(std::move(arena).error());
         if (auto* p = (*arena)->take(nbytes == 0 ? 1 : nbytes))
             return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, p, nbytes, false));
-        const int dev = host_alloc_device();
-        std::optional<DeviceGuard> guard;
-        if (dev >= 0) guard.emplace(*api_, dev);
-        void* p = nullptr;
-        if (auto e = api_->cudaHostAlloc(&p, nbytes, cudaHostAllocPortable); e != cudaSuccess)
-            return fail(cuda_error(*api_, "cudaHostAlloc", dev, e).context("staging pool exhausted; allocating " +
-                                                                             std::to_string(nbytes) + " pinned bytes"));
-        return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, static_cast<std::uint8_t*>(p), nbytes, true));
+        auto p = host_alloc(nbytes);
+        if (!p) return fail(std::move(p).error().context("staging pool exhausted"));
+        return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, *p, nbytes, true));
     }
 
     // Attribute and bus id queries need no context: reading a device's properties sets nothing up
@@ -404,13 +393,24 @@ public:
     }
 
 private:
-    // The device whose context a cudaHostAlloc runs under: none to set (-1) when the thread has a
-    // context current, else the first device set up, else cuda:0.
-    int host_alloc_device() const {
-        if (api_->cuCtxGetCurrent != nullptr && api_->thread_has_context()) return -1;
-        for (const auto& d : devices_)
-            if (d->set_up()) return d->index();
-        return 0;
+    // `n` pinned bytes (portable: every context sees them). cudaHostAlloc needs a context: the
+    // thread's own when it has one, else the first device set up, else cuda:0.
+    Result<std::uint8_t*> host_alloc(std::size_t n) {
+        int dev = -1;
+        if (api_->cuCtxGetCurrent == nullptr || !api_->thread_has_context()) {
+            dev = 0;
+            for (const auto& d : devices_)
+                if (d->set_up()) {
+                    dev = d->index();
+                    break;
+                }
+        }
+        std::optional<DeviceGuard> guard;
+        if (dev >= 0) guard.emplace(*api_, dev);
+        void* p = nullptr;
+        if (auto e = api_->cudaHostAlloc(&p, n, cudaHostAllocPortable); e != cudaSuccess)
+            return fail(cuda_error(*api_, "cudaHostAlloc", dev, e).context("allocating " + std::to_string(n) + " pinned bytes"));
+        return static_cast<std::uint8_t*>(p);
     }
 
     static Task<Result<void>> fallback_wait(std::shared_ptr<EventState> state) { return await_event(std::move(state)); }

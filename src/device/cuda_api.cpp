@@ -115,11 +115,10 @@ bool CudaApi::thread_has_context() const noexcept {
 
 DeviceGuard::DeviceGuard(const CudaApi& api, int device) noexcept : api_(api) {
     int current = -1;
-    if (api_.cudaGetDevice(&current) != cudaSuccess) current = -1;
-    // (cudaGetDevice reads 0 on a thread that never chose a device: only a thread with a context
-    // current really has `current`.)
+    if (api_.cudaGetDevice(&current) == cudaSuccess && current == device) return;  // (the common case: one call)
+    // cudaGetDevice reads 0 on a thread that never chose a device: only a thread with a context
+    // current really has `current` to go back to.
     const bool had = current >= 0 && api_.thread_has_context();
-    if (had && current == device) return;
     status_ = api_.cudaSetDevice(device);
     if (status_ == cudaSuccess && had) previous_ = current;
 }
