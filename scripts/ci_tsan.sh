@@ -13,7 +13,7 @@ if [ ! -f "$dir/build.ninja" ]; then
   # -Wno-tsan: GCC 12 warns that TSan does not instrument atomic_thread_fence (Asio's std_fenced_block);
   # the fences Asio uses are paired with atomics TSan does see.
   meson setup "$dir" -Db_sanitize=thread -Db_lundef=false -Dexamples=false -Dbench=false -Dcuda=disabled \
-    -Dwerror=true "-Dcpp_args=-Wno-tsan -g1"  # -g1: line tables only, as the ASan build (.ci/run)
+    -Dwerror=true -Doptimization=1 "-Dcpp_args=-Wno-tsan -g1"  # -O1 -g1: as the ASan build (.ci/run)
 fi
 
 # The tests of the two suites, each with the ninja targets it needs (its executable and what it

@@ -64,8 +64,9 @@ struct NativeAgentTuning {
     std::size_t outbox_bytes = 0;
     /// Replies queued for an inbound connection's peer (a caller that does not read them): over
     /// `soft` bytes its requests are not read until the replies drain; past `hard` bytes in two or
-    /// more replies, the connection closes (OutputBounds). 0: no bound.
-    OutputBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30};
+    /// more replies, the connection closes; past `held` bytes of replies' tensors it reads from
+    /// our memory (cma) without releasing them, further tensors go inline (OutputBounds). 0: none.
+    OutputBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30, std::size_t(256) << 20};
 };
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request

@@ -384,6 +384,27 @@ namespace {
 
 Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
 
+/// shm, once the handshake admitted the peer: sets the rings up over the socket the handshake ran
+/// on. The side that wrote the handshake's last message waits for the other's setup first: the
+/// side that read it may have read ahead, so nothing may follow that message until it sends.
+/// Nothing for other transports.
+Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout) {
+    if (s.transport != "shm" || s.shm) co_return ok();
+    if (s.rend != s.rbeg)
+        co_return fail(s.broken(Error(Errc::protocol_error,
+                                      "peer " + s.who() + " sent " + std::to_string(s.rend - s.rbeg) +
+                                          " bytes after the handshake, before its shm setup",
+                                      s.peer.name)));
+    Stream st{std::move(s.socket), s.transport, s.endpoint, false, nullptr, s.peer_pid};
+    auto setting_up = finish_stream(st, timeout, s.wrote_last);
+    auto r = co_await std::move(setting_up);
+    s.socket = std::move(st.socket);  // (closed once the rings hold it; its executor stays ours)
+    if (!r) co_return fail(std::move(r).error());
+    s.shm = std::move(st.shm);
+    s.shm_spin = shm::spin_from_env();
+    co_return ok();
+}
+
 /// Opens a stream to `address`, runs the client's handshake on it and, when the server chose
 /// another transport, does so once more at the address it named (which must then settle).
 Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address address, HelloInfo local, ConnectionLimits limits,
@@ -395,8 +416,6 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         auto stream = co_await std::move(connecting);
         if (!stream) co_return fail(stream.error());
         auto s = std::make_shared<ConnectionState>(std::move(stream->socket), limits, stream->tcp);
-        s->shm = std::move(stream->shm);
-        if (s->shm) s->shm_spin = shm::spin_from_env();
         s->transport = std::move(stream->transport);
         s->endpoint = std::move(stream->endpoint);
         s->peer_pid = stream->peer_pid;
@@ -411,6 +430,10 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         }
         s->peer = std::move(*peer);
         if (s->negotiated.transport == s->transport) {
+            if (auto r = co_await finish_rings(*s, limits.handshake_timeout); !r) {
+                s->close(std::nullopt);
+                co_return fail(std::move(r).error());
+            }
             s->allocator = default_allocate;
             s->channels = ChannelTable(s->negotiated, true, s->peer);
             co_return s;
@@ -491,12 +514,8 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stre
 Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(Stream stream, HelloInfo local, ConnectionLimits limits,
                                                                 HandshakeAuth auth) {
     auto timeout = limits.handshake_timeout;
-    if (auto r = co_await detail::finish_accepted(stream, timeout); !r)
-        co_return fail(std::move(r).error().context("accepting " + stream.endpoint));
     const bool tcp = stream.transport == "uv";
     auto s = std::make_shared<detail::ConnectionState>(std::move(stream.socket), std::move(limits), tcp);
-    s->shm = std::move(stream.shm);
-    if (s->shm) s->shm_spin = detail::shm::spin_from_env();
     s->transport = std::move(stream.transport);
     s->endpoint = std::move(stream.endpoint);
     s->peer_pid = stream.peer_pid;
@@ -514,6 +533,10 @@ Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(Stream stream, H
         s->redirected = true;
         s->close(std::nullopt);
         co_return ConnectionAccess::wrap(std::move(s));
+    }
+    if (auto r = co_await detail::finish_rings(*s, timeout); !r) {
+        s->close(std::nullopt);
+        co_return fail(std::move(r).error().context("setting up the rings of " + s->endpoint));
     }
     s->allocator = detail::default_allocate;
     s->channels = detail::ChannelTable(s->negotiated, false, s->peer);

@@ -135,9 +135,12 @@ void set_short_reads(Connection& c, bool short_reads);
 /// writer has brought them under; past `hard` bytes in two or more frames, it closes. 0: none.
 /// The agent bounds its inbound connections: a caller that never reads its replies stops being
 /// read, and pins at most about `soft` plus the replies to the requests read before that.
+/// `held` bounds the bytes of tensors the peer reads from our memory (cma) and has not released:
+/// past it, further tensors go inline, into the queue that `soft` and `hard` bound.
 struct OutputBounds {
     std::size_t soft = 0;
     std::size_t hard = 0;
+    std::size_t held = 0;
 };
 void set_output_bounds(Connection& c, OutputBounds bounds);
 

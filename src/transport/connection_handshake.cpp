@@ -35,6 +35,7 @@ namespace {
 /// Writes `bytes` whole. (References, not values: a coroutine's by-value argument built inside a
 /// co_await expression is destroyed twice by GCC 12; callers pass named locals.)
 Task<Result<void>> write_all(ConnectionState& s, const Bytes& bytes) {
+    s.wrote_last = true;
     if (s.shm) {
         std::vector<asio::const_buffer> b(1, asio::buffer(bytes));
         auto w = co_await s.shm_write(b);
@@ -61,6 +62,7 @@ std::string claimed(const HelloInfo& h, const std::string& endpoint) {
 
 /// Reads a hello's prefix (checking its magic and length, not its version) off the socket.
 Task<Result<HelloPrefix>> read_prefix(ConnectionState& s) {
+    s.wrote_last = false;
     if (auto r = co_await s.fill(kHelloPrefixSize); !r) co_return fail(r.error());
     auto p = decode_hello_prefix({s.rbuf.data() + s.rbeg, kHelloPrefixSize});
     if (!p) co_return fail(p.error());
@@ -70,6 +72,7 @@ Task<Result<HelloPrefix>> read_prefix(ConnectionState& s) {
 
 /// Reads one handshake record (header, then the body it announces, both bounded).
 Task<Result<AuthRecord>> read_record(ConnectionState& s) {
+    s.wrote_last = false;
     if (auto r = co_await s.fill(kAuthRecordHeaderSize); !r) co_return fail(r.error());
     auto len = decode_auth_record_header({s.rbuf.data() + s.rbeg, kAuthRecordHeaderSize});
     if (!len) co_return fail(len.error());

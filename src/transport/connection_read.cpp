@@ -191,7 +191,11 @@ bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {
 }
 
 bool ConnectionState::take_release(std::uint64_t id, std::optional<Error>& err) {
-    if (holds.erase(id) == 0) {
+    auto it = holds.find(id);
+    if (it != holds.end()) {
+        held_bytes -= it->second.bytes;
+        holds.erase(it);
+    } else {
         err = broken(Error(Errc::protocol_error,
                            "frame from " + who() + " releases hold " + std::to_string(id) + ", which we do not hold",
                            peer.name));

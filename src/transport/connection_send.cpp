@@ -71,9 +71,19 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
                                               std::span<const Device> targets, bool flush) {
     std::vector<std::uint8_t> by_ref(tensors.size(), 0);
     bool any = false;
+    std::size_t bytes = 0;
+    // (Past out_bounds.held bytes the peer has not released, tensors go inline: a peer that never
+    // releases pins at most that much of our memory by reference.)
+    const std::size_t room = s.out_bounds.held == 0 ? SIZE_MAX
+                             : s.held_bytes < s.out_bounds.held ? s.out_bounds.held - s.held_bytes
+                                                                : 0;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const Device target = i < targets.size() ? targets[i] : tensors[i].device();
-        by_ref[i] = tensors[i].defined() && s.channels.by_reference(tensors[i], target) ? 1 : 0;
+        by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes &&
+                            s.channels.by_reference(tensors[i], target)
+                        ? 1
+                        : 0;
+        if (by_ref[i]) bytes += tensors[i].nbytes();
         any = any || by_ref[i];
     }
     if (!any) return std::nullopt;
@@ -90,7 +100,8 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     std::vector<Tensor> held, written;
     for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
     s.stats.cma_sent += held.size();
-    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease)});
+    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease), bytes});
+    s.held_bytes += bytes;
     s.stats.cma_held = s.holds.size();
     return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
 }
@@ -120,7 +131,7 @@ Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::
         out.tensors.push_back(std::move(tensors[i]));
         if (streamed) out.sources.push_back(i < dev.streamed.size() ? dev.streamed[i] : nullptr);
     }
-    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}});
+    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}, 0});
     return queue_frame(s, std::move(out), flush);
 }
 }  // namespace

@@ -100,6 +100,9 @@ struct ConnectionState {
     std::string transport = "uv";  ///< the transport this stream is of
     Negotiated negotiated;          ///< what the handshake chose
     bool redirected = false;        ///< server side: the handshake chose another transport
+    /// The handshake's last message was ours: over shm we then wait for the peer's ring setup
+    /// before sending ours (its side read last, and may have read ahead: it sends first).
+    bool wrote_last = false;
     HelloInfo peer;
     HandshakeAuth auth;  ///< during the handshake only
     std::string endpoint;
@@ -115,10 +118,13 @@ struct ConnectionState {
         std::vector<Tensor> tensors;
         std::shared_ptr<void> keep;
         cma::Lease lease;  ///< declared last: let go (its word cleared) before the tensors go
+        std::size_t bytes = 0;  ///< of `tensors` (counted in held_bytes)
     };
     std::uint64_t device_holds = 0;
-    /// Our holds by id, until the peer's release frame or the close.
+    /// Our holds by id, until the peer's release frame or the close; held_bytes their tensors'
+    /// bytes (bounded by out_bounds.held).
     std::unordered_map<std::uint64_t, Hold> holds;
+    std::size_t held_bytes = 0;
 
     ReadBuffer rbuf;
     std::size_t rbeg = 0, rend = 0;
@@ -192,6 +198,7 @@ struct ConnectionState {
         // Each lease is let go before its tensors: a peer still reading them sees that (cma_lease.hpp)
         // and fails that frame instead of handing over memory we may reuse.
         holds.clear();
+        held_bytes = 0;
         stats.cma_held = 0;
     }
 

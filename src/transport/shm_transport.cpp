@@ -1,7 +1,7 @@
 // The `shm` transport: per-connection rings in shared memory (ShmConnection), set up over an
 // abstract Unix socket whose end is the liveness signal. The listener and its same-user check are
-// the uds transport's (unix_socket.hpp); the ring setup of an accepted peer runs in that peer's
-// own connection (finish_accepted), not in the accept loop.
+// the uds transport's (unix_socket.hpp). The handshake runs on that socket first; the rings are
+// set up after it (finish_stream), so that nothing is mapped for a peer not yet admitted.
 #include "transport/transport.hpp"
 
 #include "core/asio_compat.hpp"
@@ -13,10 +13,11 @@ namespace {
 
 /// The ShmConnection's settings as a Connection uses them: its reader spins itself, letting the
 /// event loop run in between (connection_read.cpp), so the rings' own waits sleep at once.
-shm::ShmOptions transport_options(Duration setup_timeout) {
+shm::ShmOptions transport_options(Duration setup_timeout, bool receive_first) {
     shm::ShmOptions o;
     o.spin = std::chrono::microseconds(0);
     o.setup_timeout = setup_timeout;
+    o.receive_first = receive_first;
     return o;
 }
 
@@ -30,10 +31,10 @@ Result<asio::local::stream_protocol::socket> as_local(asio::generic::stream_prot
     return local;
 }
 
-Task<Result<void>> establish(Stream& stream, Duration timeout) {
+Task<Result<void>> establish(Stream& stream, Duration timeout, bool receive_first) {
     auto local = as_local(stream.socket);
     if (!local) co_return fail(std::move(local).error());
-    auto setting_up = shm::ShmConnection::establish(std::move(*local), transport_options(timeout));
+    auto setting_up = shm::ShmConnection::establish(std::move(*local), transport_options(timeout, receive_first));
     auto c = co_await std::move(setting_up);
     if (!c) co_return fail(std::move(c).error().context("shm connection with " + stream.endpoint));
     stream.shm = std::move(*c);
@@ -80,8 +81,7 @@ public:
         return std::unique_ptr<Listener>(std::move(l));
     }
 
-    /// (Bounded by the caller's handshake timeout, which covers connecting; the setup's own
-    /// bound is ShmOptions' default.)
+    /// (Bounded by the caller's handshake timeout; the rings come after the handshake.)
     Task<Result<Stream>> connect(Address address) const override {
         if (address.kind != Address::Kind::shm)
             co_return fail(Errc::invalid_argument, "the shm transport cannot connect to " + address.str());
@@ -89,10 +89,7 @@ public:
         auto socket = co_await std::move(connecting);
         if (!socket) co_return fail(std::move(socket).error());
         const int pid = peer_pid_of(*socket);
-        Stream s{std::move(*socket), "shm", address.str(), false, nullptr, pid};
-        const Duration limit = shm::ShmOptions{}.setup_timeout;
-        if (auto r = co_await establish(s, limit); !r) co_return fail(std::move(r).error());
-        co_return std::move(s);
+        co_return Stream{std::move(*socket), "shm", address.str(), false, nullptr, pid};
     }
 
 private:
@@ -103,9 +100,9 @@ private:
 
 std::shared_ptr<const Transport> make_shm_transport() { return std::make_shared<ShmTransport>(); }
 
-Task<Result<void>> finish_accepted(Stream& stream, Duration timeout) {
+Task<Result<void>> finish_stream(Stream& stream, Duration timeout, bool receive_first) {
     if (stream.transport != "shm" || stream.shm) co_return ok();
-    co_return co_await establish(stream, timeout);
+    co_return co_await establish(stream, timeout, receive_first);
 }
 
 }  // namespace tensorplay::detail

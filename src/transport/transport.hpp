@@ -27,18 +27,21 @@ struct Stream {
     std::string endpoint;   ///< the peer, for messages ("10.0.0.2:4242", "uds://name (pid 42)")
     /// TCP: TCP_NODELAY is set, and reads may ask TCP_INQ; other streams always read short.
     bool tcp = false;
-    /// shm: the rings the bytes run over (`socket` is then closed: the ShmConnection holds the
-    /// setup socket). Null on a stream an shm Listener accepted until finish_accepted() sets it up.
+    /// shm: the rings the bytes run over once finish_stream() set them up (`socket` is then
+    /// closed: the ShmConnection holds it). Until then the bytes run over `socket`: the
+    /// handshake does, so that a peer is authenticated before anything is mapped for it.
     std::unique_ptr<shm::ShmConnection> shm = nullptr;
     /// The peer's process as the kernel tells it (SO_PEERCRED: the Unix-socket transports, uds and
     /// shm); -1 when it cannot be known (TCP). cma reads only a peer whose pid is known this way.
     int peer_pid = -1;
 };
 
-/// Finishes a stream a Listener accepted: for shm the ring setup over its socket, bounded by
-/// `timeout` (run per connection, so that a peer slow to set up delays only itself, not the
-/// accept loop); nothing for other transports. Errors as ShmConnection::establish.
-[[nodiscard]] Task<Result<void>> finish_accepted(Stream& stream, Duration timeout);
+/// Finishes a stream whose handshake ran on its socket: for shm the ring setup over that socket,
+/// bounded by `timeout`, waiting for the other side's setup before sending ours when
+/// `receive_first` (exactly one side does: ShmOptions::receive_first). Run per connection, so that
+/// a peer slow to set up delays only itself; nothing for other transports, or when it is done.
+/// Errors as ShmConnection::establish.
+[[nodiscard]] Task<Result<void>> finish_stream(Stream& stream, Duration timeout, bool receive_first);
 
 /// A bound, listening socket of one transport. Strand-bound to the executor it was made on.
 class Listener {

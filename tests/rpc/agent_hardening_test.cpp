@@ -2,11 +2,14 @@
 // mid-reply, claimed lengths, silent and slow sockets, the connection limit.
 #include "rpc/agent_test_util.hpp"
 #include "support/sanitizers.hpp"
+#include "support/usage.hpp"
 #include "rpc/forked.hpp"
 
 #include <tensorplay/core/wire.hpp>
 
 #include "transport/frame.hpp"
+#include "transport/shm/setup.hpp"
+#include "transport/transport.hpp"
 
 #include <asio/detached.hpp>
 #include <asio/posix/stream_descriptor.hpp>
@@ -15,6 +18,8 @@
 #include <asio/write.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -34,13 +39,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::size_t rss_bytes() {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-    return 0;
-}
+using test::rss_bytes;
 
 std::size_t open_fds() {
     std::size_t n = 0;
@@ -292,6 +291,74 @@ TEST_CASE("a claimed 2 GiB payload costs the agent memory only as its bytes arri
         CHECK(r->payload == bytes("served"));
         s.close();  // cut: the agent closes its end
         co_await wait_until([&] { return open_fds() <= fds; });
+        co_await test::shutdown_all(g);
+    });
+}
+
+namespace {
+
+/// An shm setup message claiming a ring of `capacity` bytes, with a real (sparse: it costs its
+/// sender nothing) sealed memfd of that size behind it, sent on `s` in place of a hello.
+void send_ring_claim(asio::generic::stream_protocol::socket& s, std::size_t capacity) {
+    auto e = detail::shm::create_local_end(4096);
+    REQUIRE(e);
+    detail::shm::Fd big(::memfd_create("claim", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    const std::size_t bytes = detail::shm::mapping_bytes(capacity);
+    REQUIRE(::ftruncate(big.get(), static_cast<off_t>(bytes)) == 0);
+    void* p = ::mmap(nullptr, detail::shm::kDataOffset, PROT_READ | PROT_WRITE, MAP_SHARED, big.get(), 0);
+    REQUIRE(p != MAP_FAILED);
+    detail::shm::init_ring(p, capacity);
+    ::munmap(p, detail::shm::kDataOffset);
+    REQUIRE(::fcntl(big.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+    detail::shm::SetupMessage m;
+    m.capacity = capacity;
+    const int fds[detail::shm::kSetupFds] = {big.get(), e->data_bell.get(), e->space_bell.get()};
+    auto sent = detail::shm::send_setup(s.native_handle(), m, fds);
+    REQUIRE(sent);
+    REQUIRE(*sent);
+}
+
+}  // namespace
+
+TEST_CASE("an shm peer gets rings only once admitted: 12 claims of 256 MiB rings instead of a hello map nothing",
+          "[rpc][agent][fault][hostile]") {
+    const test::Configure shm_first = [](int, TensorPipeRpcBackendOptions& o) {
+        o.transports = std::vector<std::string>{"shm", "uv"};
+    };
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2, shm_first);
+        test::register_echo(g);
+        std::string url;
+        for (const auto& u : g[1]->listen_urls())
+            if (u.rfind("shm://", 0) == 0) url = u;
+        REQUIRE(!url.empty());
+        auto warm = co_await g[0]->rpc_async("worker1", "echo", test::text_message("warm"));
+        REQUIRE(warm);
+        auto address = Address::parse(url);
+        REQUIRE(address);
+        auto transport = detail::transport_for(*address);
+        REQUIRE(transport);
+        const auto before = static_cast<std::int64_t>(rss_bytes());
+        std::vector<detail::Stream> claims;
+        for (int i = 0; i < 12; ++i) {
+            auto connecting = (*transport)->connect(*address);
+            auto s = co_await std::move(connecting);
+            REQUIRE(s);
+            send_ring_claim(s->socket, std::size_t(256) << 20);
+            claims.push_back(std::move(*s));
+        }
+        // Each is read as a hello (a bad one) and closed; nothing of the claimed rings is mapped.
+        for (auto& c : claims) {
+            std::array<char, 64> sink;
+            auto [ec, n] = co_await c.socket.async_read_some(asio::buffer(sink), detail::use_nothrow);
+            while (!ec) std::tie(ec, n) = co_await c.socket.async_read_some(asio::buffer(sink), detail::use_nothrow);
+        }
+        const auto grown = static_cast<std::int64_t>(rss_bytes()) - before;
+        INFO("RSS grew by " << grown / 1024 << " KiB for 12 claimed rings of 256 MiB");
+        CHECK(grown < (64 << 20));  // (set up and pre-faulted before the handshake: +3 GiB)
+        auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("served"));
+        REQUIRE(r);
+        CHECK(r->payload == bytes("served"));
         co_await test::shutdown_all(g);
     });
 }

@@ -7,6 +7,7 @@
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/channel.hpp"
+#include "transport/connection_ext.hpp"
 #include "transport/cma_offload.hpp"
 #include "transport/transport_test_util.hpp"
 
@@ -366,6 +367,39 @@ TEST_CASE("cma holds are dropped when the connection closes", "[transport][cma]"
         p.client->close();
         CHECK(p.client->stats().cma_held == 0);
         CHECK(t.storage().use_count() == 1);
+    });
+}
+
+TEST_CASE("bytes a peer holds by reference are bounded: past the bound, tensors go inline", "[transport][cma][fault]") {
+    const HelloInfo client = cma_hello("client", 0), server = cma_hello("server", 1);
+    std::vector<Tensor> ts;
+    for (unsigned i = 0; i < 4; ++i) ts.push_back(pattern_tensor(1u << 20, 10 + i));
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto p = co_await pair_of(client, server, "");
+        REQUIRE(channel_of(*p.client) == "cma");
+        td::set_output_bounds(*p.client, td::OutputBounds{0, 0, (2u << 20) + 100});
+        for (unsigned i = 0; i < 4; ++i) REQUIRE(p.client->send(frame_of(FrameKind::request, i + 1, {ts[i]}), true));
+        // Nothing is released yet (the server has read nothing): two fit the bound, two go inline.
+        CHECK(p.client->stats().cma_sent == 2);
+        CHECK(p.client->stats().cma_held == 2);
+        for (unsigned i = 0; i < 4; ++i) {
+            auto got = co_await p.server->receive();
+            REQUIRE(got);
+            REQUIRE_FALSE(got->alloc_error);
+            REQUIRE(got->tensors.size() == 1);
+            CHECK(same_bytes(got->tensors[0], ts[i]));
+        }
+        CHECK(p.server->stats().cma_received == 2);
+        // The releases came before this reply: the bound has room again.
+        REQUIRE(p.server->send(frame_of(FrameKind::response, 1, {}), true));
+        auto reply = co_await p.client->receive();
+        REQUIRE(reply);
+        CHECK(p.client->stats().cma_held == 0);
+        REQUIRE(p.client->send(frame_of(FrameKind::request, 5, {ts[0]}), true));
+        CHECK(p.client->stats().cma_sent == 3);
+        auto last = co_await p.server->receive();
+        REQUIRE(last);
+        CHECK(same_bytes(last->tensors.at(0), ts[0]));
     });
 }
 

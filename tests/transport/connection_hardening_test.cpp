@@ -5,6 +5,7 @@
 #include "transport/connection_ext.hpp"
 #include "transport/frame.hpp"
 #include "support/sanitizers.hpp"
+#include "support/usage.hpp"
 #include "transport/transport_test_util.hpp"
 
 #include <tensorplay/core/wire.hpp>
@@ -25,13 +26,7 @@ using namespace std::chrono_literals;
 namespace {
 
 /// VmRSS of this process in bytes.
-std::size_t rss_bytes() {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-    return 0;
-}
+using test::rss_bytes;
 
 Task<void> sleep_for(std::chrono::milliseconds d) {
     asio::steady_timer t(co_await asio::this_coro::executor, d);

@@ -3,6 +3,7 @@
 // and an idle connection that costs no CPU.
 #include "shm_test_util.hpp"
 
+#include "support/usage.hpp"
 #include "transport/shm/setup.hpp"
 
 #include <tensorplay/core/timeout.hpp>
@@ -10,6 +11,7 @@
 #include <asio/steady_timer.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -31,12 +33,6 @@ namespace {
 
 std::uint8_t pattern(std::uint64_t i) { return static_cast<std::uint8_t>((i * 2654435761u) >> 11); }
 
-double cpu_seconds() {
-    rusage u{};
-    ::getrusage(RUSAGE_SELF, &u);
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
 
 Task<Result<void>> stream_through(ShmConnection& from, ShmConnection& to, std::size_t total) {
     using namespace detail::awaitable_ops;
@@ -311,6 +307,12 @@ std::vector<Hostile> hostile_cases() {
                      m.capacity = std::uint64_t(1) << 40;
                      send_with(s, m, {e.memfd.get(), e.data_bell.get(), e.space_bell.get()});
                  }});
+    v.push_back({"a ring over the 16 MiB a peer may claim", Errc::protocol_error, "between 4096 and 16777216", [=](int s) {
+                     auto e = *shm::create_local_end(4096);
+                     auto m = good_msg();
+                     m.capacity = std::uint64_t(32) << 20;
+                     send_with(s, m, {e.memfd.get(), e.data_bell.get(), e.space_bell.get()});
+                 }});
     v.push_back({"pipes for doorbells", Errc::protocol_error, "not an eventfd", [=](int s) {
                      auto e = *shm::create_local_end(4096);
                      int p[2];
@@ -328,7 +330,7 @@ std::vector<Hostile> hostile_cases() {
 
 TEST_CASE("a hostile setup is refused with a clear error", "[shm][fault]") {
     auto cases = hostile_cases();
-    const auto i = GENERATE(range(0, 10));
+    const auto i = GENERATE(range(0, 11));
     const auto& h = cases[static_cast<std::size_t>(i)];
     INFO(h.name);
     int sv[2];
@@ -346,6 +348,73 @@ TEST_CASE("a hostile setup is refused with a clear error", "[shm][fault]") {
         REQUIRE(c.error().message().find(h.phrase) != std::string::npos);
     });
     ::close(sv[1]);
+}
+
+TEST_CASE("rings are faulted as bytes reach them, not when they are set up", "[shm]") {
+    ShmOptions o = shm_options(std::size_t(64) << 20, 0us);
+    o.max_peer_ring_bytes = std::size_t(64) << 20;
+    run_with_deadline(20s, [&]() -> Task<void> {
+        const auto before = static_cast<std::int64_t>(rss_bytes());
+        auto p = co_await make_shm_pair(o);
+        const auto grown = static_cast<std::int64_t>(rss_bytes()) - before;
+        INFO("RSS grew by " << grown / 1024 << " KiB for two 64 MiB rings");
+        // (Each ring is mapped twice in this process: pre-faulted, that was 256 MiB.)
+        CHECK(grown < (16 << 20));
+        REQUIRE(co_await stream_through(*p.a, *p.b, std::size_t(1) << 20));
+    });
+}
+
+namespace {
+
+/// A peer (a forked child's body) that sets up properly on `sock`, then rings our data doorbell
+/// in a loop for `d` without writing a byte. Returns its exit status (0: it rang).
+int ring_in_a_loop(int sock, std::chrono::milliseconds d) {
+    auto e = shm::create_local_end(4096);
+    if (!e) return 2;
+    shm::SetupMessage m;
+    m.capacity = 4096;
+    const int fds[shm::kSetupFds] = {e->memfd.get(), e->data_bell.get(), e->space_bell.get()};
+    if (!shm::send_setup(sock, m, fds).value_or(false)) return 3;
+    shm::SetupReceiver rx;
+    for (;;) {
+        auto got = rx.poll(sock);
+        if (!got) return 4;
+        if (*got) break;
+        pollfd pf{sock, POLLIN, 0};
+        ::poll(&pf, 1, 1000);
+    }
+    auto peer = rx.finish(std::size_t(1) << 20);
+    if (!peer) return 5;
+    const std::uint8_t ack = shm::kSetupAck;
+    std::uint8_t back = 0;
+    if (::send(sock, &ack, 1, MSG_NOSIGNAL) != 1 || ::recv(sock, &back, 1, 0) != 1) return 6;
+    const auto end = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < end) shm::ring_bell(peer->data_bell.get());
+    return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a peer ringing our doorbell in a loop costs the waiting side little CPU", "[shm][fault]") {
+    PeerChild child = fork_raw_peer([](int sock) { return ring_in_a_loop(sock, 1500ms); });
+    const auto options = shm_options(4096, 0us);
+    run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto c = co_await ShmConnection::establish(asio::local::stream_protocol::socket(ex, asio::local::stream_protocol(), child.fd),
+                                                   options);
+        REQUIRE(c);
+        const double before = cpu_seconds();
+        auto w = co_await with_timeout((*c)->wait_readable(), 1s);
+        const double used = cpu_seconds() - before;
+        REQUIRE(!w);
+        REQUIRE(w.error().code() == Errc::timeout);
+        const auto st = (*c)->stats();
+        INFO("CPU over 1 s of a doorbell storm: " << used << " s; " << st.idle_bells << " idle bells, " << st.backoffs
+                                                  << " pauses");
+        CHECK(st.backoffs > 0);
+        CHECK(used < 0.25);  // (before the pauses: a whole core, as long as the peer rang)
+    });
+    CHECK(child.wait() == 0);
 }
 
 TEST_CASE("an idle waiting connection uses almost no CPU", "[shm][slow]") {

@@ -108,18 +108,28 @@ struct PeerChild {
     }
 };
 
-/// Forks a child that establishes an shm connection on its end of a socket pair and runs
-/// `body` on it; the child exits 0 when `body` returns, 3 when setup failed. The parent gets
-/// the pid and its end of the socket (as a descriptor). Call before any io_context exists here.
-inline PeerChild fork_peer(ShmOptions options, std::function<Task<void>(ShmConnection&)> body) {
+/// Forks a child that runs `body` on its end of a socket pair and exits with what it returns.
+/// The parent gets the pid and its end of the socket (as a descriptor).
+inline PeerChild fork_raw_peer(std::function<int(int sock)> body) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
         ::close(sv[0]);
+        ::_exit(body(sv[1]));
+    }
+    ::close(sv[1]);
+    return PeerChild(pid, sv[0]);
+}
+
+/// Forks a child that establishes an shm connection on its end of a socket pair and runs
+/// `body` on it; the child exits 0 when `body` returns, 3 when setup failed. The parent gets
+/// the pid and its end of the socket (as a descriptor). Call before any io_context exists here.
+inline PeerChild fork_peer(ShmOptions options, std::function<Task<void>(ShmConnection&)> body) {
+    return fork_raw_peer([&](int sock) {
         asio::io_context ctx(1);
-        asio::local::stream_protocol::socket s(ctx, asio::local::stream_protocol(), sv[1]);
+        asio::local::stream_protocol::socket s(ctx, asio::local::stream_protocol(), sock);
         asio::co_spawn(
             ctx,
             [&]() -> Task<void> {
@@ -129,10 +139,8 @@ inline PeerChild fork_peer(ShmOptions options, std::function<Task<void>(ShmConne
             },
             asio::detached);
         ctx.run();
-        ::_exit(0);
-    }
-    ::close(sv[1]);
-    return PeerChild(pid, sv[0]);
+        return 0;
+    });
 }
 
 }  // namespace tensorplay::test

@@ -77,7 +77,9 @@ Result<LocalEnd> create_local_end(std::size_t capacity) {
     // file would turn the peer's next access into SIGBUS).
     if (::fcntl(end.memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
         return fail(os_error("sealing the shm ring", errno));
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, end.memfd.get(), 0);
+    // Faulted as it is used (no MAP_POPULATE): a ring costs the pages its bytes have reached, not
+    // its size, and setting one up costs no event-loop time.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, end.memfd.get(), 0);
     if (p == MAP_FAILED) return fail(os_error("mmap of the shm ring", errno));
     end.inbox = Mapping(p, bytes);
     init_ring(p, capacity);
@@ -157,6 +159,9 @@ Result<bool> SetupReceiver::poll(int sock) {
         if (n == 0)
             return fail(Errc::connection_lost, "peer closed the socket during shm setup (after " + std::to_string(got_) +
                                                    " of " + std::to_string(sizeof msg_) + " bytes)");
+        // (A setup's descriptors come with its first byte: bytes without them are something else.)
+        if (got_ == 0 && fds_.empty())
+            return fail(Errc::protocol_error, "peer sent " + std::to_string(n) + " bytes without descriptors where its shm setup belongs");
         got_ += static_cast<std::size_t>(n);
     }
     return true;
@@ -193,7 +198,7 @@ Result<PeerEnd> accept_peer_end(const SetupMessage& msg, std::vector<Fd> fds, st
     for (std::size_t i = 1; i < kSetupFds; ++i)
         if (!is_eventfd(fds[i].get()))
             return fail(Errc::protocol_error, "descriptor " + std::to_string(i) + " of the shm setup is not an eventfd");
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);  // (lazily, as ours)
     if (p == MAP_FAILED) return fail(os_error("mmap of the peer's shm ring", errno));
     PeerEnd end;
     end.outbox = Mapping(p, bytes);

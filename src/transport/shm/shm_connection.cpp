@@ -5,16 +5,19 @@
 #include "transport/shm/setup.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
 #include <sched.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace tensorplay::detail::shm {
 
@@ -73,6 +76,9 @@ struct ShmConnection::State : std::enable_shared_from_this<State> {
     bool closed = false;
     int peer_pid = -1;
     ShmStats stats;
+    // Doorbells that woke a wait to nothing, in the window that began at idle_since.
+    std::chrono::steady_clock::time_point idle_since{};
+    unsigned idle_count = 0;
 
     [[nodiscard]] Error ended() const {
         if (lost) return *lost;
@@ -129,6 +135,33 @@ struct ShmConnection::State : std::enable_shared_from_this<State> {
         if (ec) co_return fail(from_error_code(ec, "waiting on an shm doorbell"));
         co_return ok();
     }
+
+    /// A doorbell (`bell`) woke a wait to nothing: counted, and past kIdleBells in one kIdleWindow
+    /// the wait pauses until that window ends, the doorbell taken out of the event loop meanwhile
+    /// (while watched, every ring wakes the loop, waited on or not). Cancellable as the waits; a
+    /// close is seen after the pause.
+    Task<Result<void>> idle_bell(asio::posix::stream_descriptor& bell) {
+        ++stats.idle_bells;
+        const auto now = std::chrono::steady_clock::now();
+        if (now - idle_since >= kIdleWindow) {
+            idle_since = now;
+            idle_count = 0;
+        }
+        if (++idle_count <= kIdleBells) co_return ok();
+        ++stats.backoffs;
+        const int fd = bell.release();
+        asio::steady_timer pause(socket.get_executor(), idle_since + kIdleWindow);
+        auto [ec] = co_await pause.async_wait(use_nothrow);
+        std::error_code rc;
+        bell.assign(fd, rc);  // (owned again: closed with the connection)
+        if (rc) {
+            ::close(fd);
+            lose(from_error_code(rc, "watching an shm doorbell again"));
+        }
+        if (lost || closed) co_return fail(ended());
+        if (ec) co_return fail(Errc::cancelled, "shm wait was cancelled");
+        co_return ok();
+    }
 };
 
 namespace {
@@ -139,6 +172,39 @@ Task<Result<void>> await_socket(asio::local::stream_protocol::socket& s, asio::s
     co_return ok();
 }
 
+/// Sends our inbox and doorbells (the peer keeps its own copy of the memfd; ours goes).
+Task<Result<void>> send_local_setup(ShmConnection::State& s) {
+    SetupMessage msg;
+    msg.capacity = s.local.capacity;
+    int fds[kSetupFds];
+    fds[0] = s.local.memfd.get();
+    fds[1] = s.local.data_bell.get();
+    fds[2] = s.local.space_bell.get();
+    for (;;) {
+        auto sent = send_setup(s.socket.native_handle(), msg, fds);
+        if (!sent) co_return fail(std::move(sent).error());
+        if (*sent) break;
+        if (auto w = co_await await_socket(s.socket, asio::socket_base::wait_write); !w) co_return fail(std::move(w).error());
+    }
+    s.local.memfd.reset();
+    co_return ok();
+}
+
+/// Receives and checks the peer's setup, mapping its inbox (our outbox).
+Task<Result<void>> receive_setup(ShmConnection::State& s) {
+    SetupReceiver rx;
+    for (;;) {
+        auto got = rx.poll(s.socket.native_handle());
+        if (!got) co_return fail(std::move(got).error());
+        if (*got) break;
+        if (auto w = co_await await_socket(s.socket, asio::socket_base::wait_read); !w) co_return fail(std::move(w).error());
+    }
+    auto peer = rx.finish(s.options.max_peer_ring_bytes);
+    if (!peer) co_return fail(std::move(peer).error());
+    s.peer = std::move(*peer);
+    co_return ok();
+}
+
 Task<Result<std::unique_ptr<ShmConnection>>> establish_impl(std::shared_ptr<ShmConnection::State> s,
                                                             std::unique_ptr<ShmConnection> conn) {
     const int fd = s->socket.native_handle();
@@ -146,31 +212,13 @@ Task<Result<std::unique_ptr<ShmConnection>>> establish_impl(std::shared_ptr<ShmC
     if (!local) co_return fail(std::move(local).error());
     s->local = std::move(*local);
 
-    SetupMessage msg;
-    msg.capacity = s->local.capacity;
-    int fds[kSetupFds];
-    fds[0] = s->local.memfd.get();
-    fds[1] = s->local.data_bell.get();
-    fds[2] = s->local.space_bell.get();
-    for (;;) {
-        auto sent = send_setup(fd, msg, fds);
-        if (!sent) co_return fail(std::move(sent).error());
-        if (*sent) break;
-        if (auto w = co_await await_socket(s->socket, asio::socket_base::wait_write); !w) co_return fail(std::move(w).error());
+    if (s->options.receive_first) {
+        if (auto r = co_await receive_setup(*s); !r) co_return fail(std::move(r).error());
+        if (auto r = co_await send_local_setup(*s); !r) co_return fail(std::move(r).error());
+    } else {
+        if (auto r = co_await send_local_setup(*s); !r) co_return fail(std::move(r).error());
+        if (auto r = co_await receive_setup(*s); !r) co_return fail(std::move(r).error());
     }
-    // The peer has its own copy of the memfd now; ours is not needed any more.
-    s->local.memfd.reset();
-
-    SetupReceiver rx;
-    for (;;) {
-        auto got = rx.poll(fd);
-        if (!got) co_return fail(std::move(got).error());
-        if (*got) break;
-        if (auto w = co_await await_socket(s->socket, asio::socket_base::wait_read); !w) co_return fail(std::move(w).error());
-    }
-    auto peer = rx.finish(s->options.max_peer_ring_bytes);
-    if (!peer) co_return fail(std::move(peer).error());
-    s->peer = std::move(*peer);
 
     const std::uint8_t ack = kSetupAck;
     for (;;) {
@@ -271,12 +319,15 @@ Result<std::size_t> ShmConnection::read_some(std::span<std::uint8_t> dst) {
 Task<Result<void>> ShmConnection::wait_readable() {
     auto s = s_;  // the state outlives this wait even if the connection is destroyed meanwhile
     auto& flag = s->inbox.header()->reader_waiting;
+    bool woke = false;  // by a doorbell, last turn
     for (;;) {
         if (s->closed) co_return fail(s->ended());
         auto r = s->inbox.readable_bytes();
         if (!r) co_return fail(s->broken(std::move(r).error()));
         if (*r > 0) co_return ok();
         if (s->lost) co_return fail(*s->lost);
+        if (std::exchange(woke, false))
+            if (auto b = co_await s->idle_bell(s->data_wait); !b) co_return b;
         // (An error found while spinning is reported by the next turn's readable_bytes.)
         if (spin_until(s->options.spin, [&] {
                 auto n = s->inbox.readable_bytes();
@@ -291,6 +342,7 @@ Task<Result<void>> ShmConnection::wait_readable() {
         }
         auto w = co_await s->wait_bell(s->data_wait);
         flag.store(0, std::memory_order_relaxed);
+        woke = w.has_value();
         if (!w) {
             // Bytes the peer wrote before it went are still there to read.
             if (s->lost && !s->closed) {
@@ -305,11 +357,14 @@ Task<Result<void>> ShmConnection::wait_readable() {
 Task<Result<void>> ShmConnection::wait_writable() {
     auto s = s_;
     auto& flag = s->outbox.header()->writer_waiting;
+    bool woke = false;  // by a doorbell, last turn
     for (;;) {
         if (s->closed || s->lost) co_return fail(s->ended());
         auto r = s->outbox.free_bytes();
         if (!r) co_return fail(s->broken(std::move(r).error()));
         if (*r > 0) co_return ok();
+        if (std::exchange(woke, false))
+            if (auto b = co_await s->idle_bell(s->space_wait); !b) co_return b;
         if (spin_until(s->options.spin, [&] {
                 auto n = s->outbox.free_bytes();
                 return !n || *n > 0;
@@ -324,6 +379,7 @@ Task<Result<void>> ShmConnection::wait_writable() {
         auto w = co_await s->wait_bell(s->space_wait);
         flag.store(0, std::memory_order_relaxed);
         if (!w) co_return w;
+        woke = true;
     }
 }
 

@@ -26,19 +26,32 @@ namespace tensorplay::detail::shm {
 struct ShmOptions {
     /// Data bytes of this side's inbox (the ring the peer writes): a power of two, >= 4096.
     std::size_t ring_bytes = std::size_t(2) << 20;
-    /// The largest inbox a peer may claim (its ring is mapped here too).
-    std::size_t max_peer_ring_bytes = std::size_t(256) << 20;
+    /// The largest inbox a peer may claim (its ring is mapped here too): a claim over it is
+    /// refused (protocol_error). 16 MiB, eight times the default ring.
+    std::size_t max_peer_ring_bytes = std::size_t(16) << 20;
     /// Spin this long for bytes or space before sleeping on a doorbell.
     std::chrono::microseconds spin = spin_from_env();
     /// Bound on establish() (the peer must send its setup within it).
     Duration setup_timeout = std::chrono::seconds(10);
+    /// Wait for the peer's setup before sending ours (the accepting side, when the setup follows
+    /// a handshake on the same socket: neither side then reads the other's setup as handshake
+    /// bytes). False: send first. The two sides may not both wait.
+    bool receive_first = false;
 };
 
 /// What one connection did (for tests and benchmarks).
 struct ShmStats {
     std::uint64_t sleeps = 0;       ///< waits that slept on a doorbell (spinning did not suffice)
     std::uint64_t bells_rung = 0;   ///< doorbells this side rang for the peer
+    std::uint64_t idle_bells = 0;   ///< doorbells that woke us to nothing (a peer ringing idly)
+    std::uint64_t backoffs = 0;     ///< times too many idle bells made a wait pause (kIdleBells)
 };
+
+/// A wait woken by more than this many doorbells with nothing behind them within kIdleWindow
+/// pauses until the window ends: a peer ringing in a loop costs us a few percent of a core, not
+/// one. (An honest peer rings only for bytes or space, so it never gets near.)
+inline constexpr unsigned kIdleBells = 64;
+inline constexpr std::chrono::milliseconds kIdleWindow{10};
 
 /// One side of an shm connection. Strand-bound: every call, and the completions of its waits, on
 /// the executor of the socket it was established on. Reads and writes never block; the waits
