@@ -98,6 +98,11 @@ Task<Result<std::unique_ptr<GroupToken>>> GroupToken::acquire(std::shared_ptr<St
     std::string watched;
     std::int64_t last_beat = -1;
     Clock::time_point beat_seen{};
+    // A holder whose key said "done" while the token still named it: a release writes that key
+    // only after emptying the token, so this is a squatter naming a key that exists; waiting on
+    // that key again would return at once, and spin the store.
+    std::string done_holder;
+    asio::steady_timer pause(ex);
     for (;;) {
         auto cas = co_await store->compare_set(key, Bytes{}, bytes(mine));
         if (!cas) co_return fail(std::move(cas).error().context("taking the group token for " + what));
@@ -113,11 +118,20 @@ Task<Result<std::unique_ptr<GroupToken>>> GroupToken::acquire(std::shared_ptr<St
             co_return fail(Errc::timeout, "timed out taking the group token for " + what + ": it is held by \"" + holder + "\"");
         const Duration step = std::max<Duration>(std::min<Duration>(timing.beat_interval * 2, deadline - now),
                                                  std::chrono::milliseconds(1));
-        std::vector<std::string> holder_key{holder};
-        auto done = co_await store->wait(std::move(holder_key), step);
-        if (done) continue;  // the holder gave it back
-        if (done.error().code() != Errc::timeout)
-            co_return fail(std::move(done).error().context("waiting for the group token for " + what));
+        if (holder != done_holder) {
+            std::vector<std::string> holder_key{holder};
+            auto done = co_await store->wait(std::move(holder_key), step);
+            if (done) {  // the holder gave it back
+                done_holder = holder;
+                continue;
+            }
+            if (done.error().code() != Errc::timeout)
+                co_return fail(std::move(done).error().context("waiting for the group token for " + what));
+        } else {
+            pause.expires_after(step);
+            auto [ec] = co_await pause.async_wait(use_nothrow);
+            if (ec) co_return fail(Errc::cancelled, "waiting for the group token for " + what + " was cancelled");
+        }
         std::string holder_beat = holder + "/beat";
         auto beat = co_await store->add(std::move(holder_beat), 0);
         if (!beat) co_return fail(std::move(beat).error().context("reading the group token's heartbeat for " + what));

@@ -134,6 +134,25 @@ TEST_CASE("a holder taken for dead learns it lost the token, and its release lea
     });
 }
 
+TEST_CASE("a token squatted under the name of a key that exists is taken after stale_after, without spinning", "[rpc][membership][hostile]") {
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto store = std::make_shared<HashStore>();
+        auto a = co_await store->set("squatter", bytes("x"));
+        auto b = co_await store->set(detail::kGroupTokenKey, bytes("squatter"));
+        REQUIRE(a);
+        REQUIRE(b);
+        const auto t0 = Clock::now();
+        // (Before: a wait on "squatter" returned at once, again and again, until the deadline.)
+        auto t = co_await GroupToken::acquire(store, "a", TokenPurpose::join, t0 + 5s, fast);
+        REQUIRE(t);
+        CHECK(Clock::now() - t0 >= fast.stale_after);
+        const std::string now_held = co_await token_key(*store);
+        CHECK(now_held.starts_with("Token_for_a_"));
+        auto r = co_await (*t)->release();
+        REQUIRE(r);
+    });
+}
+
 TEST_CASE("the token over a TCPStore server, one client per member", "[rpc][membership]") {
     test::run_with_deadline(30s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
