@@ -51,6 +51,10 @@ struct Caller {
     std::size_t count = 0;
     std::size_t payload_bytes = 0;
     bool expect_close = false;
+    /// Each request also carries this one tensor (0: none), by reference where the pair chose
+    /// cma (offered when set): the agent's echo then answers by reference too.
+    std::size_t tensor_bytes = 0;
+    bool cma = false;
 };
 
 Task<Result<void>> wait_readable(int fd) {
@@ -108,6 +112,9 @@ Task<int> caller(int in_fd, int out_fd, Caller c) {
     HelloInfo hello;
     hello.name = "worker1";
     hello.rank = 1;
+    if (c.cma) hello.channels = {ChannelOffer{"cma", "cpu", ""}, ChannelOffer{"basic", "cpu", "any"}};
+    // (Untouched: a 64 MiB tensor of zero pages costs this process next to nothing.)
+    const Tensor tensor = c.tensor_bytes ? Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(c.tensor_bytes)}) : Tensor{};
     auto connecting = Connection::connect(std::move(*address), hello, ConnectionLimits{}, HandshakeAuth{});
     auto conn = co_await std::move(connecting);
     if (!conn) {
@@ -121,6 +128,7 @@ Task<int> caller(int in_fd, int out_fd, Caller c) {
         f.id = sent + 1;
         f.name = c.handler;
         f.payload = payload;
+        if (tensor.defined()) f.tensors = {tensor};
         if (!(*conn)->send(std::move(f), true)) break;
     }
     std::fprintf(stderr, "caller: queued %zu of %zu requests\n", sent, c.count);
@@ -184,15 +192,15 @@ CallerProcess fork_caller(Caller c) {
     return p;
 }
 
-/// worker0's uv address, as the store lists it.
-Task<std::string> uv_address(Store& store) {
+/// worker0's address of `transport` ("uv", "shm"), as the store lists it.
+Task<std::string> address_of(Store& store, std::string transport = "uv") {
     auto b = co_await store.get("native_agent/info/0");
     REQUIRE(b);
     auto rec = detail::decode_record(*b);
     REQUIRE(rec);
     for (const auto& o : rec->addresses)
-        if (o.name == "uv") co_return o.address;
-    FAIL("worker0 lists no uv address");
+        if (o.name == transport) co_return o.address;
+    FAIL("worker0 lists no " << transport << " address");
     co_return std::string();
 }
 
@@ -217,7 +225,7 @@ struct LogCapture {
 TEST_CASE("a caller that never reads its replies stops being read past the soft bound; others are served",
           "[rpc][hostile][memory]") {
     // 256 requests of 1 MiB, echoed: 256 MiB of replies that nobody reads until the test says so.
-    const CallerProcess caller = fork_caller(Caller{"echo", 256, std::size_t(1) << 20, false});
+    const CallerProcess caller = fork_caller(Caller{"echo", 256, std::size_t(1) << 20, false, 0, false});
     Served served;
     int code = -1;
     test::run_with_deadline(120s, [&]() -> Task<void> {
@@ -228,7 +236,7 @@ TEST_CASE("a caller that never reads its replies stops being read past the soft 
                 co_return m;
             }));
         const auto rss0 = rss_bytes();
-        caller.say(co_await uv_address(*g.store));
+        caller.say(co_await address_of(*g.store));
         const int queued = co_await next_byte(caller.from, 60s);  // (every request queued on its side)
         REQUIRE(queued == 'S');
         // Until no request has been served for a second: the caller's requests are no longer read.
@@ -256,10 +264,48 @@ TEST_CASE("a caller that never reads its replies stops being read past the soft 
     CHECK(code == 0);
 }
 
+TEST_CASE("a caller that never releases the replies it reads by cma pins at most the held bound of the agent's memory",
+          "[rpc][hostile][memory]") {
+    // 32 echo requests of a 64 MiB tensor over shm and cma: 2 GiB of replies by reference, which
+    // the agent would hold until the caller released them (it never reads, so never releases).
+    const CallerProcess caller = fork_caller(Caller{"echo", 32, 16, false, std::size_t(64) << 20, true});
+    Served served;
+    int code = -1;
+    test::run_with_deadline(120s, [&]() -> Task<void> {
+        auto g = co_await test::make_group(2);
+        for (auto& a : g.agents)
+            REQUIRE(a->register_handler("echo", [&served](WorkerInfo, Message m) -> Task<Result<Message>> {
+                served.one();
+                co_return m;
+            }));
+        const auto rss0 = rss_bytes();
+        caller.say(co_await address_of(*g.store, "shm"));
+        const int queued = co_await next_byte(caller.from, 60s);
+        REQUIRE(queued == 'S');
+        while (co_await served.next(1s)) {
+        }
+        const std::size_t seen = served.n;
+        const auto grown = rss_bytes() - rss0;
+        std::printf("MEASURE 32 echo requests of 64 MiB by cma whose replies are never released: %zu served, then it stood "
+                    "still; VmRSS %+.1f MiB\n",
+                    seen, static_cast<double>(grown) / (1 << 20));
+        // 256 MiB held by reference, then inline replies up to the 64 MiB soft bound, and the
+        // request being read (before the bound: every one served and held, +2 GiB).
+        CHECK(seen < 16);
+        CHECK(grown < std::int64_t(test::kRssGrowthFactor) * (std::int64_t(800) << 20));
+        caller.say("G");  // it reads after all: every reply comes
+        code = co_await caller.exit_code(90s);
+        CHECK(served.n == 32);
+        auto s = co_await test::shutdown_all(g, false);
+        (void)s;
+    });
+    CHECK(code == 0);
+}
+
 TEST_CASE("replies past the hard bound, in more than one reply, close that caller's connection only",
           "[rpc][hostile][memory]") {
     // 200 small requests, each answered with 4 MiB: 800 MiB of replies (hard bound 32 MiB here).
-    const CallerProcess caller = fork_caller(Caller{"big", 200, 16, true});
+    const CallerProcess caller = fork_caller(Caller{"big", 200, 16, true, 0, false});
     detail::NativeAgentTuning tuning;
     // No soft bound here: with one, how many requests are read (and replies queued) before the
     // reader stops depends on how many one read brings, and the hard bound may never be reached.
@@ -280,7 +326,7 @@ TEST_CASE("replies past the hard bound, in more than one reply, close that calle
                 big.one();
                 co_return Message{Bytes(std::size_t(4) << 20, 0x42), {}};
             }));
-        caller.say(co_await uv_address(*g.store));
+        caller.say(co_await address_of(*g.store));
         const int queued = co_await next_byte(caller.from, 60s);
         REQUIRE(queued == 'S');
         // The agent closes the caller's connection once its replies pass the hard bound.
