@@ -16,7 +16,8 @@ namespace tensorplay::detail {
 
 namespace {
 
-/// Logs a warning about a refused or ended inbound connection, at most one a second.
+/// Logs a warning about a refused or ended inbound connection, or a failed accept, at most one a
+/// second (a peer causes them at will).
 void warn_refused(AgentCore& core, const std::string& what) {
     std::string note;
     if (core.refusals_logged.allow(note)) log(LogLevel::warn, "rpc", what + note);
@@ -78,7 +79,7 @@ Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener) {
         if (core->state == AgentCore::State::closed) co_return;
         if (!stream) {
             if (stream.error().code() == Errc::cancelled) co_return;
-            log(LogLevel::warn, "rpc", "accept failed on worker \"" + core->self.name + "\": " + stream.error().message());
+            warn_refused(*core, "accept failed on worker \"" + core->self.name + "\": " + stream.error().message());
             asio::steady_timer pause(core->ex, std::chrono::milliseconds(10));
             co_await pause.async_wait(use_nothrow);
             continue;

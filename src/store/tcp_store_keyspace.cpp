@@ -355,6 +355,11 @@ void StoreServerState::close(StoreConn& c) noexcept {
     c.drained.complete();
 }
 
+void StoreServerState::warn(const std::string& line) {
+    std::string note;
+    if (warnings.allow(note)) log(LogLevel::warn, "store", line + note);
+}
+
 void StoreServerState::close_stalled(Clock::time_point now) {
     std::vector<StoreConn*> stalled;
     for (StoreConn* c : conns)
@@ -363,8 +368,7 @@ void StoreServerState::close_stalled(Clock::time_point now) {
             stalled.push_back(c);
     for (StoreConn* c : stalled) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - c->progress_at).count();
-        log(LogLevel::warn, "store",
-            "closing connection from " + c->peer + ": " + std::to_string(c->queued()) +
+        warn("closing connection from " + c->peer + ": " + std::to_string(c->queued()) +
                 " bytes of output are queued for it (over max_queued_output) and it has taken none for " +
                 std::to_string(ms) + " ms (queued_output_timeout); the client does not read its replies");
         close(*c);

@@ -215,7 +215,7 @@ Task<void> run_reader(std::shared_ptr<TcpStoreServer::Impl> server, std::shared_
             if (c->drained.error()) server->close(*c);  // cancelled: the server is stopping
         }
     }
-    if (!why.empty()) log(LogLevel::warn, "store", "closing connection from " + c->peer + ": " + why);
+    if (!why.empty()) server->warn("closing connection from " + c->peer + ": " + why);
     server->close(*c);
 }
 
@@ -280,7 +280,7 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         if (server->stopped) break;
         if (ec) {
             // Out of descriptors or a transient network error: keep serving, retry shortly.
-            log(LogLevel::warn, "store", "accept on " + server->address + " failed: " + ec.message());
+            server->warn("accept on " + server->address + " failed: " + ec.message());
             backoff.expires_after(std::chrono::milliseconds(50));
             co_await backoff.async_wait(detail::use_nothrow);
             continue;
@@ -346,7 +346,7 @@ void StoreServerState::send_dirty() noexcept {
         if (c.closed) continue;
         try {
             if (!c.overflow.empty()) {
-                log(LogLevel::warn, "store", "closing connection from " + c.peer + ": " + c.overflow);
+                warn("closing connection from " + c.peer + ": " + c.overflow);
                 close(c);
                 continue;
             }

@@ -3,6 +3,7 @@
 
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "core/log_throttle.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "store/c10d_protocol.hpp"
@@ -122,6 +123,10 @@ struct StoreServerState : std::enable_shared_from_this<StoreServerState> {
     std::map<std::uint64_t, StoreConn*> silent;
     StringMap<std::size_t> per_host;  ///< connections open from each host (max_connections_per_host)
     bool evicting = false;            ///< the last accept ended a silent connection: log once per burst
+    /// Warnings a client causes at will (a connection closed for what it sent or did not read, a
+    /// failed accept): at most one a second, the next saying how many were left out.
+    LogThrottle warnings;
+    void warn(const std::string& line);
     std::vector<const Bytes*> multi_get_scratch;  // reused by MULTI_GET
     // Connections with output to send, sent at the end of each read batch. The list owns what it
     // names and close() takes a connection off it, so an entry can never outlive its connection,
