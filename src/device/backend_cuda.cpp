@@ -396,6 +396,7 @@ private:
     // `n` pinned bytes (portable: every context sees them). cudaHostAlloc needs a context: the
     // thread's own when it has one, else the first device set up, else cuda:0.
     Result<std::uint8_t*> host_alloc(std::size_t n) {
+        if (cuda_forked()) return fail(forked_error(0).context("allocating pinned memory"));
         int dev = -1;
         if (api_->cuCtxGetCurrent == nullptr || !api_->thread_has_context()) {
             dev = 0;
@@ -410,13 +411,16 @@ private:
         void* p = nullptr;
         if (auto e = api_->cudaHostAlloc(&p, n, cudaHostAllocPortable); e != cudaSuccess)
             return fail(cuda_error(*api_, "cudaHostAlloc", dev, e).context("allocating " + std::to_string(n) + " pinned bytes"));
+        note_cuda_context();
         return static_cast<std::uint8_t*>(p);
     }
 
     static Task<Result<void>> fallback_wait(std::shared_ptr<EventState> state) { return await_event(std::move(state)); }
 
+    // (By the device object, not its index: a second backend's streams of the same device count
+    // their own sequence numbers, and must not share a group with ours.)
     static std::uint64_t group_of(const CudaDevice& d, std::uint32_t id) {
-        return (static_cast<std::uint64_t>(d.index()) << 32) | id;
+        return (static_cast<std::uint64_t>(d.serial()) << 32) | id;
     }
 
     // keep_alive is released once the stream has passed the copy, by the completion thread (an

@@ -1,17 +1,52 @@
 // Loading the CUDA runtime with dlopen, CUDA error values, the device guard.
 #include "device/cuda_api.hpp"
 
+#include <tensorplay/core/log.hpp>
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace tensorplay::detail {
 
 namespace {
 
 std::string device_name(int device) { return device < 0 ? std::string() : " on cuda:" + std::to_string(device); }
+
+/// A CUDA version number (12040) as CUDA writes it (12.4).
+std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+/// Why `api`'s runtime cannot run on this host's driver; empty when it can, or when there is no
+/// driver at all (which no other runtime changes: usable_device_count says so).
+std::string driver_mismatch(const CudaApi& api) {
+    int driver = 0;
+    if (api.cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) return {};
+    int n = 0;
+    if (api.cudaGetDeviceCount(&n) != cudaErrorInsufficientDriver) return {};
+    (void)api.cudaGetLastError();
+    int runtime = 0;
+    (void)api.cudaRuntimeGetVersion(&runtime);
+    return "its runtime " + version_text(runtime) + " needs a newer driver than this host's, which supports CUDA " +
+           version_text(driver) + " (cudaErrorInsufficientDriver)";
+}
+
+/// The runtimes to try, in order: TP_CUDART's paths (separated by ':'), else the sonames, newest first.
+std::vector<std::string> runtime_candidates() {
+    std::vector<std::string> out;
+    if (const char* env = std::getenv("TP_CUDART"); env != nullptr && *env != '\0') {
+        const std::string all(env);
+        for (std::size_t at = 0; at <= all.size();) {
+            const std::size_t end = std::min(all.find(':', at), all.size());
+            if (end > at) out.push_back(all.substr(at, end - at));
+            at = end + 1;
+        }
+        return out;
+    }
+    return {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"};
+}
 
 }  // namespace
 
@@ -47,20 +82,23 @@ Result<std::shared_ptr<const CudaApi>> load_cuda_api(const std::string& path) {
 }
 
 const Result<std::shared_ptr<const CudaApi>>& default_cuda_api() {
+    // The first runtime that loads and that this host's driver can run: a runtime newer than the
+    // driver (a 13.x libcudart on a driver of 12.x) is passed over for the next, saying so.
     static const Result<std::shared_ptr<const CudaApi>> api = []() -> Result<std::shared_ptr<const CudaApi>> {
-        if (const char* env = std::getenv("TP_CUDART"); env != nullptr && *env != '\0') {
-            auto r = load_cuda_api(env);
-            if (!r) return fail(std::move(r).error().context("TP_CUDART"));
-            return r;
-        }
+        const bool from_env = std::getenv("TP_CUDART") != nullptr && *std::getenv("TP_CUDART") != '\0';
         std::string tried;
-        for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}) {
+        for (const auto& name : runtime_candidates()) {
             auto r = load_cuda_api(name);
-            if (r) return r;
+            const std::string why = r ? driver_mismatch(**r) : r.error().message();
+            if (r && why.empty()) {
+                if (!tried.empty()) log(LogLevel::info, "cuda", "using the CUDA runtime " + name + " (passed over: " + tried + ")");
+                return r;
+            }
             tried += tried.empty() ? "" : "; ";
-            tried += r.error().message();
+            tried += r ? name + ": " + why : why;
         }
-        return fail(Errc::not_supported, "no CUDA runtime found (" + tried + ")");
+        return fail(Errc::not_supported,
+                    std::string(from_env ? "TP_CUDART: " : "") + "no usable CUDA runtime (" + tried + ")");
     }();
     return api;
 }

@@ -35,7 +35,9 @@ struct CudaApi {
 /// function; the handle is never closed. Errc::not_supported saying what was missing.
 [[nodiscard]] Result<std::shared_ptr<const CudaApi>> load_cuda_api(const std::string& path);
 
-/// The process's runtime, loaded once: TP_CUDART when set, else libcudart.so.13, .12, .11.
+/// The process's runtime, loaded once: the first of TP_CUDART's paths (':'-separated) when set,
+/// else of libcudart.so.13, .12, .11, that loads and that the driver can run (a runtime newer than
+/// the driver is passed over); not_supported, naming each runtime tried and why, when none does.
 [[nodiscard]] const Result<std::shared_ptr<const CudaApi>>& default_cuda_api();
 
 /// Why CUDA cannot be used through `api` (no driver, no device), or the device count (> 0).

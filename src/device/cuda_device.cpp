@@ -1,18 +1,57 @@
 // CudaDevice: lazy setup of a device's streams and memory pool, its events, its sticky error.
 #include "device/cuda_device.hpp"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <cstdint>
 
 namespace tensorplay::detail {
 
+namespace {
+
+std::atomic<bool> g_set_up{false};  // a device was set up in this process
+std::atomic<bool> g_forked{false};  // this process was forked after one was
+std::atomic<int> g_parent{0};       // the pid that set it up
+
+void on_fork_child() noexcept {
+    if (g_set_up.load(std::memory_order_relaxed)) g_forked.store(true, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void note_cuda_context() {
+    static const bool watching = [] {
+        g_parent.store(static_cast<int>(::getpid()));
+        return ::pthread_atfork(nullptr, nullptr, on_fork_child) == 0;
+    }();
+    (void)watching;
+    g_set_up.store(true, std::memory_order_relaxed);
+}
+
+std::uint32_t CudaDevice::next_serial() noexcept {
+    static std::atomic<std::uint32_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool cuda_forked() noexcept { return g_forked.load(std::memory_order_relaxed); }
+
+Error forked_error(int device) {
+    return Error(Errc::device_error, "cuda:" + std::to_string(device) + " cannot be used in this process: CUDA was set up in process " +
+                                         std::to_string(g_parent.load()) +
+                                         " before it forked this one, and a forked child cannot use CUDA (start workers with "
+                                         "spawn or exec, or fork before using CUDA)");
+}
+
 CudaDevice::~CudaDevice() {
-    if (!initialised_) return;
+    if (!initialised_ || cuda_forked()) return;  // (a forked child's handles are not its own)
     DeviceGuard guard(*api_, index_);
     for (auto e : free_events_) (void)api_->cudaEventDestroy(e);
     for (std::size_t i = 1; i < streams_.size(); ++i) (void)api_->cudaStreamDestroy(streams_[i]);
 }
 
 Result<void> CudaDevice::ready() {
+    if (cuda_forked()) return fail(forked_error(index_));
     if (failed_.load(std::memory_order_acquire)) return fail(*sticky());
     std::lock_guard lock(mutex_);
     if (initialised_) return ok();
@@ -46,6 +85,7 @@ Result<void> CudaDevice::ready() {
     seqs_.assign(streams_.size(), 0);
     pool_ = pool;
     initialised_ = true;
+    note_cuda_context();
     return ok();
 }
 

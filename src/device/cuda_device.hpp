@@ -23,17 +23,30 @@
 
 namespace tensorplay::detail {
 
+/// True in a process forked after a device of its parent was set up: CUDA's state is undefined
+/// there (the runtime fails its calls, and the completion thread was not inherited), so every
+/// device refuses work with forked_error().
+[[nodiscard]] bool cuda_forked() noexcept;
+[[nodiscard]] Error forked_error(int device);
+/// Notes that this process has a CUDA context (a device set up, pinned memory made): a fork
+/// from then on makes cuda_forked() true in the child.
+void note_cuda_context();
+
 /// One CUDA device: its streams (0 = the legacy default stream, 1..N non-blocking, created at
 /// first use), its stream-ordered memory pool, recycled events, and its sticky error.
 class CudaDevice {
 public:
-    CudaDevice(std::shared_ptr<const CudaApi> api, int index, int streams) : api_(std::move(api)), index_(index), wanted_(streams) {}
+    CudaDevice(std::shared_ptr<const CudaApi> api, int index, int streams)
+        : api_(std::move(api)), index_(index), wanted_(streams), serial_(next_serial()) {}
     ~CudaDevice();
     CudaDevice(const CudaDevice&) = delete;
     CudaDevice& operator=(const CudaDevice&) = delete;
 
     [[nodiscard]] const CudaApi& api() const noexcept { return *api_; }
     [[nodiscard]] int index() const noexcept { return index_; }
+    /// Unique to this object in the process (two backends' objects of one device differ): what
+    /// keys the wait groups of its streams, whose sequence numbers are this object's own.
+    [[nodiscard]] std::uint32_t serial() const noexcept { return serial_; }
     /// Creates the streams and configures the pool once (device current); the sticky error after.
     [[nodiscard]] Result<void> ready();
     /// Whether ready() has set the device up (its context exists).
@@ -67,6 +80,8 @@ private:
     int wanted_;
     mutable std::mutex mutex_;
     bool initialised_ = false;
+    std::uint32_t serial_;
+    static std::uint32_t next_serial() noexcept;
     std::optional<Error> sticky_;
     std::atomic<bool> failed_{false};
     std::vector<cudaStream_t> streams_;
@@ -116,7 +131,10 @@ public:
     WaitOp(std::shared_ptr<CudaEventState> event, asio::execution_context* context)
         : event(std::move(event)), context(context) {}
     virtual ~WaitOp() = default;
-    /// Posts the completion with `r` to the waiter's executor. Called once, by the claimer.
+    /// Posts the completion with `r` to the waiter's executor (an op with a `context`: under the
+    /// engine's lock, which drop_context takes), or runs it (one without: outside the lock, so
+    /// that what it releases, a cudaFreeHost say, blocks no add() meanwhile). Called once, by the
+    /// claimer.
     virtual void finish(Result<void> r) = 0;
 
     std::shared_ptr<CudaEventState> event;

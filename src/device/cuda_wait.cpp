@@ -123,6 +123,7 @@ void WaitEngine::run() {
             continue;
         }
         bool progress = false;
+        std::vector<std::pair<std::shared_ptr<WaitOp>, Result<void>>> unlocked;  // finished after unlocking
         for (auto g = s.groups.begin(); g != s.groups.end();) {
             auto& ops = g->second;
             while (!ops.empty()) {
@@ -139,11 +140,21 @@ void WaitEngine::run() {
                 while (!ops.empty() && ops.begin()->first == seq) {
                     auto op = std::move(ops.begin()->second);
                     ops.erase(ops.begin());
-                    if (!op->claimed.exchange(true)) op->finish(r);
+                    if (op->claimed.exchange(true)) continue;
+                    if (op->context == nullptr) unlocked.emplace_back(std::move(op), r);
+                    else op->finish(r);
                 }
                 progress = true;
             }
             g = ops.empty() ? s.groups.erase(g) : std::next(g);
+        }
+        if (!unlocked.empty()) {
+            // Callbacks and the keep-alives they drop (cudaFreeHost, cudaIpcCloseMemHandle, a last
+            // event reference) run without the lock: an event loop adding a wait meanwhile goes on.
+            lock.unlock();
+            for (auto& [op, r] : unlocked) op->finish(std::move(r));
+            unlocked.clear();
+            lock.lock();
         }
         const auto now = Clock::now();
         if (progress) s.last_activity = now;
@@ -229,6 +240,8 @@ private:
 
 Task<Result<void>> await_cuda_event(std::shared_ptr<CudaEventState> event) {
     if (!event) co_return ok();
+    // (In a forked child the completion thread is not there: the wait would never end.)
+    if (cuda_forked()) co_return fail(forked_error(event->device().index()).context("waiting for a CUDA event"));
     const cudaError_t first = event->query();  // already complete: resume at once, no trip through the engine
     if (first == cudaSuccess) co_return ok();
     if (first != cudaErrorNotReady) co_return fail(event->device().failure("cudaEventQuery", first));

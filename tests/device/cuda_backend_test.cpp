@@ -3,15 +3,24 @@
 // Run against the fake runtime (TP_CUDART, the normal suite) and the real one (`cuda` suite, [fake]
 // cases excluded).
 #include "cuda_support.hpp"
+#include "core/asio_compat.hpp"
 #include "support/deadline.hpp"
 #include "support/processes.hpp"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +35,14 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 31 + static_cast<std::size_t>(seed)) & 0xff);
     return v;
 }
+/// Waits for `e`, then notes whether `dst` still differs from `src` (the copy before `e` not done).
+Task<Result<void>> wait_then_compare(DeviceBackend& b, const Event& e, const std::vector<std::uint8_t>& dst,
+                                     const std::vector<std::uint8_t>& src, bool& differs) {
+    auto r = co_await wait_for(b, e);
+    differs = dst != src;
+    co_return r;
+}
+
 void sync(DeviceBackend& b, Stream s) {
     run_with_deadline(10s, [&]() -> Task<void> {
         auto r = co_await b.synchronize(s);
@@ -51,6 +68,41 @@ TEST_CASE("a process without a CUDA runtime sees no devices and refuses cuda ten
     CHECK(t.error().code() == Errc::not_supported);
     CHECK_THAT(t.error().message(), Catch::Contains("cuda:0") && Catch::Contains("no CUDA runtime"));
     REQUIRE(empty(Device::cpu(), DType::float32, {4}));
+}
+
+// Run by the `cuda_runtime_fallback` and `cuda_runtime_too_new` tests, each in its own process (the
+// process's runtime is chosen once): TP_FAKE_CUDART names the fake, copied here as two runtimes,
+// 13.0 and 12.4 (the version is in the file name); FAKE_CUDA_DRIVER_VERSION is the host's driver.
+TEST_CASE("a runtime newer than the driver is passed over for the next; when none will do, the error says why", "[.runtimes]") {
+    const char* fake = std::getenv("TP_FAKE_CUDART");
+    const char* driver_env = std::getenv("FAKE_CUDA_DRIVER_VERSION");
+    REQUIRE(fake);
+    REQUIRE(driver_env);
+    const int driver = std::atoi(driver_env);
+    char tmpl[] = "/tmp/tp-runtimes-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    const std::filesystem::path dir(tmpl);
+    const auto newer = dir / "libfake_cudart-13000.so", older = dir / "libfake_cudart-12040.so";
+    std::filesystem::copy_file(fake, newer);
+    std::filesystem::copy_file(fake, older);
+    REQUIRE(::setenv("TP_CUDART", (newer.string() + ":" + older.string()).c_str(), 1) == 0);
+    auto backend = make_cuda_backend();  // (the process's runtime: TP_CUDART's, chosen now)
+    if (driver >= 12040) {
+        // 13.0 cannot run on this driver: only 12.4 sees the devices.
+        REQUIRE(backend);
+        CHECK(cuda_device_count() == 2);
+        auto t = empty(Device::cuda(1), DType::float32, {4});
+        CHECK(t);
+    } else {
+        REQUIRE_FALSE(backend);
+        INFO(backend.error().to_string());
+        CHECK(backend.error().code() == Errc::not_supported);
+        CHECK_THAT(backend.error().message(),
+                   Catch::Contains("libfake_cudart-13000.so: its runtime 13.0 needs a newer driver") &&
+                       Catch::Contains("libfake_cudart-12040.so: its runtime 12.4") && Catch::Contains("supports CUDA 11.8"));
+        CHECK(cuda_device_count() == 0);
+    }
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("no driver and no device are not_supported, saying so", "[cuda][load][fake]") {
@@ -258,6 +310,91 @@ TEST_CASE("a stream waiting on another stream's event sees its copy; without the
     };
     CHECK(run(true));
     CHECK_FALSE(run(false));  // the delay makes a missing wait visible
+}
+
+TEST_CASE("a process forked after CUDA was set up refuses CUDA, saying why, and never hangs", "[cuda][fake]") {
+    auto made = make_cuda_backend();  // (loads the runtime: fake() finds it loaded)
+    if (!fake().present) return;
+    REQUIRE(made);
+    auto& b = **made;
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    // An event still pending at the fork: the child must not wait for it forever.
+    fake().set_stream_delay(*b.native_stream(*s), 300000);
+    std::vector<std::uint8_t> h(64, 7);
+    auto m = b.allocate_on(*s, h.size());
+    REQUIRE(m);
+    REQUIRE(b.copy_async(*s, (*m)->data(), h.data(), h.size()));
+    auto ev = b.record_event(*s);
+    REQUIRE(ev);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int code = 0;
+        auto alloc = b.allocate(Device::cuda(0), 16);
+        if (alloc || alloc.error().message().find("forked") == std::string::npos) code |= 1;
+        Result<void> waited = ok();
+        asio::io_context ctx;
+        asio::co_spawn(ctx, [&]() -> Task<void> { waited = co_await wait_for(b, *ev); }, asio::detached);
+        ctx.run_for(std::chrono::seconds(5));
+        if (waited || waited.error().message().find("forked") == std::string::npos) code |= 2;
+        ::_exit(code);
+    }
+    int status = -1;
+    for (int i = 0; i < 200 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
+    if (::waitpid(pid, &status, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        FAIL("the forked child hung");
+    }
+    INFO("child exit: 1 = its allocation did not say it was forked, 2 = its wait did not");
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    fake().set_stream_delay(*b.native_stream(*s), 0);
+    sync(b, *s);  // the parent's CUDA goes on
+}
+
+TEST_CASE("two backends' events on the same stream id of one device are waited for each on its own", "[cuda][fake]") {
+    auto made_a = make_cuda_backend();  // (loads the runtime: fake() finds it loaded)
+    auto made_b = make_cuda_backend();
+    if (!fake().present) return;
+    REQUIRE(made_a);
+    REQUIRE(made_b);
+    auto &a = **made_a, &b = **made_b;
+    auto sa = a.acquire_stream(Device::cuda(0));
+    auto sb = b.acquire_stream(Device::cuda(0));
+    REQUIRE(sa);
+    REQUIRE(sb);
+    REQUIRE(sa->id == sb->id);  // (each backend counts its own streams: the same id, and the same sequence numbers)
+    fake().set_stream_delay(*a.native_stream(*sa), 50000);
+    fake().set_stream_delay(*b.native_stream(*sb), 500000);
+    std::vector<std::uint8_t> src(64, 9), dst_a(64, 0), dst_b(64, 0);
+    auto ma = a.allocate_on(*sa, 64);
+    auto mb = b.allocate_on(*sb, 64);
+    REQUIRE(ma);
+    REQUIRE(mb);
+    REQUIRE(a.copy_async(*sa, (*ma)->data(), src.data(), 64));
+    REQUIRE(a.copy_async(*sa, dst_a.data(), (*ma)->data(), 64));
+    REQUIRE(b.copy_async(*sb, (*mb)->data(), src.data(), 64));
+    REQUIRE(b.copy_async(*sb, dst_b.data(), (*mb)->data(), 64));
+    auto ea = a.record_event(*sa);
+    auto eb = b.record_event(*sb);
+    REQUIRE(ea);
+    REQUIRE(eb);
+    bool b_done_early = false;
+    run_with_deadline(10s, [&]() -> Task<void> {
+        using namespace detail::awaitable_ops;
+        // A's event (first in, done after 50 ms) must not end the wait for B's (500 ms).
+        auto wait_a = wait_for(a, *ea);
+        auto wait_b = wait_then_compare(b, *eb, dst_b, src, b_done_early);
+        auto [ra, rb] = co_await (std::move(wait_a) && std::move(wait_b));
+        CHECK(ra);
+        CHECK(rb);
+    });
+    CHECK(dst_a == src);
+    CHECK_FALSE(b_done_early);
+    fake().set_stream_delay(*a.native_stream(*sa), 0);
+    fake().set_stream_delay(*b.native_stream(*sb), 0);
 }
 
 TEST_CASE("a sticky error fails every later operation on that device with the same error", "[cuda][fake]") {

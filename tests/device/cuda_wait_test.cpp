@@ -2,6 +2,7 @@
 // complete events, thousands of concurrent waits on one thread, cancellation, destroying the
 // io_context with waits pending, and interprocess events between two processes.
 #include "cuda_support.hpp"
+#include "device/backend_impl.hpp"
 #include "support/deadline.hpp"
 #include "support/processes.hpp"
 
@@ -13,6 +14,9 @@
 #include <asio/steady_timer.hpp>
 
 #include <unistd.h>
+
+#include <atomic>
+#include <thread>
 
 #include <cstdio>
 #include <optional>
@@ -44,6 +48,45 @@ TEST_CASE("awaiting a cuda event resumes on the caller's executor while it keeps
         CHECK(ex.target<asio::io_context::executor_type>()->running_in_this_thread());
     });
     CHECK(ev->ready());
+}
+
+TEST_CASE("a slow release on the completion thread blocks no event loop that adds a wait meanwhile", "[cuda][wait]") {
+    auto& b = cuda();
+    auto s1 = b.acquire_stream(Device::cuda(0));
+    auto s2 = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s1);
+    REQUIRE(s2);
+    REQUIRE(s1->id != s2->id);
+    std::optional<StreamHold> hold1(std::in_place, b, *s1);
+    auto e1 = b.record_event(*s1);
+    REQUIRE(e1);
+    // What the completion thread runs for e1 stands for a keep-alive whose release is slow (a
+    // cudaFreeHost, a cudaIpcCloseMemHandle behind the driver's lock).
+    std::atomic<bool> releasing{false};
+    e1->state()->on_ready([&releasing] {
+        releasing = true;
+        std::this_thread::sleep_for(1s);
+    });
+    hold1.reset();
+    while (!releasing) std::this_thread::sleep_for(1ms);
+    StreamHold hold2(b, *s2);
+    auto e2 = b.record_event(*s2);
+    REQUIRE(e2);
+    std::chrono::steady_clock::duration timer_late{};
+    run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const auto t0 = std::chrono::steady_clock::now();
+        asio::steady_timer timer(ex, 50ms);
+        timer.async_wait([&](std::error_code) {
+            timer_late = std::chrono::steady_clock::now() - t0 - 50ms;
+            hold2.release();
+        });
+        // Adding this wait to the engine must not wait for the release above.
+        auto r = co_await wait_for(b, *e2);
+        CHECK(r);
+    });
+    INFO("the timer fired " << std::chrono::duration_cast<std::chrono::milliseconds>(timer_late).count() << " ms late");
+    CHECK(timer_late < 500ms);  // (before: the add waited for the engine's lock, held through the release: ~1 s)
 }
 
 TEST_CASE("a wait on an event that already completed resumes without suspending", "[cuda][wait]") {

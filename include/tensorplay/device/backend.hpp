@@ -157,7 +157,7 @@ struct SimBackendOptions {
 
 /// Options of the cuda backend.
 struct CudaBackendOptions {
-    std::string runtime;                           ///< libcudart to load; empty: TP_CUDART, else libcudart.so.13/.12/.11
+    std::string runtime;                           ///< libcudart to load; empty: TP_CUDART, else libcudart.so.13/.12/.11 (the first the driver runs)
     int streams_per_device = 4;                    ///< size of each device's pool of non-blocking streams
     std::size_t staging_bytes = std::size_t{32} << 20;  ///< pinned host memory allocated up front for allocate_host
 };

@@ -10,7 +10,10 @@ extern "C" {
 
 /** Number of devices cudaGetDeviceCount reports (0: cudaErrorNoDevice). Starts at FAKE_CUDA_DEVICES or 2. */
 void fake_cuda_set_visible_devices(int n);
-/** 0: behave as a host without a driver (cudaErrorInsufficientDriver, driver version 0). */
+/** 0: behave as a host without a driver (cudaErrorInsufficientDriver, driver version 0). The driver's
+ *  version is FAKE_CUDA_DRIVER_VERSION (else 13000), the runtime's the number after the last '-' of the
+ *  library's file name (else 13000): a runtime newer than the driver fails cudaGetDeviceCount and
+ *  cudaSetDevice with cudaErrorInsufficientDriver, as a 13.x libcudart on a 12.x driver does. */
 void fake_cuda_set_driver(int present);
 /** Device memory limit of `device` in bytes: allocations past it fail with cudaErrorMemoryAllocation. */
 void fake_cuda_set_mem_limit(int device, size_t bytes);
@@ -32,6 +35,8 @@ long fake_cuda_wrong_device_calls(void);
  *  events, memory, pinned memory (on the current device), pools, cudaMemGetInfo. Device count,
  *  attribute, PCI bus id and version queries make none, as on a GPU. */
 long fake_cuda_contexts(void);
+/* fork: a child forked after a context existed fails every call that needs one, and device counts,
+ * with cudaErrorInitializationError, as CUDA does (and no stream thread is inherited). */
 /** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */
 long fake_cuda_live_imports(void);
 

@@ -5,6 +5,7 @@
 #include "fake_state.hpp"
 #include "fake_control.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,14 +14,23 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 namespace fake {
+
+namespace {
+void on_fork_child() {
+    for (auto& d : state().devices)
+        if (d.context.load()) state().forked.store(true);
+}
+}  // namespace
 
 State& state() {
     static State* s = [] {
         auto* st = new State;  // never destroyed: stream threads may outlive static destruction
         if (const char* n = std::getenv("FAKE_CUDA_DEVICES")) st->visible = std::atoi(n);
         for (int i = 0; i < max_devices; ++i) st->devices[i].heap.limit = std::size_t{4} << 30;
+        ::pthread_atfork(nullptr, nullptr, on_fork_child);
         return st;
     }();
     return *s;
@@ -291,23 +301,57 @@ using namespace fake;
 #define FAKE_CHECK_DEVICE(dev)                                          \
     do {                                                                \
         if (in_callback()) return set_error(cudaErrorNotPermitted);     \
+        if (state().forked) return set_error(cudaErrorInitializationError); \
         if (auto e_ = sticky(dev); e_ != cudaSuccess) return set_error(e_); \
     } while (0)
+
+namespace {
+
+/// This copy's runtime version: the number after the last '-' of its file name
+/// (libfake_cudart-12040.so: 12.4), else 13000. Tests copy the library to model several runtimes.
+int runtime_version() {
+    static const int v = [] {
+        Dl_info info{};
+        if (::dladdr(reinterpret_cast<void*>(&runtime_version), &info) == 0 || info.dli_fname == nullptr) return 13000;
+        const std::string_view f(info.dli_fname);
+        const auto dash = f.rfind('-'), dot = f.rfind(".so");
+        if (dash == std::string_view::npos || dot == std::string_view::npos || dot <= dash + 1) return 13000;
+        int n = 0;
+        for (char c : f.substr(dash + 1, dot - dash - 1)) {
+            if (c < '0' || c > '9') return 13000;
+            n = n * 10 + (c - '0');
+        }
+        return n;
+    }();
+    return v;
+}
+
+/// What the host's driver supports: FAKE_CUDA_DRIVER_VERSION (one driver per host), else 13000; 0
+/// without a driver.
+int driver_version() {
+    if (!state().driver) return 0;
+    const char* v = std::getenv("FAKE_CUDA_DRIVER_VERSION");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : 13000;
+}
+
+}  // namespace
 
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
     if (!state().driver) return set_error(cudaErrorInsufficientDriver);
+    if (driver_version() < runtime_version()) return set_error(cudaErrorInsufficientDriver);
+    if (state().forked) return set_error(cudaErrorInitializationError);
     if (state().visible <= 0) return set_error(cudaErrorNoDevice);
     *count = std::min(state().visible.load(), max_devices);
     return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int* v) {
-    *v = state().driver ? 13000 : 0;
+    *v = driver_version();
     return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
-    *v = 13000;
+    *v = runtime_version();
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
@@ -315,7 +359,8 @@ cudaError_t cudaGetDevice(int* d) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
-    if (!state().driver) return set_error(cudaErrorInsufficientDriver);
+    if (!state().driver || driver_version() < runtime_version()) return set_error(cudaErrorInsufficientDriver);
+    if (state().forked) return set_error(cudaErrorInitializationError);
     if (d < 0 || d >= std::min(state().visible.load(), max_devices)) return set_error(cudaErrorInvalidDevice);
     set_current_device(d);
     return cudaSuccess;

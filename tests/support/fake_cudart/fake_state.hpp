@@ -81,6 +81,9 @@ struct State {
     std::set<CUstream_st*> streams;
     std::atomic<long> host_alloc_calls{0};
     std::atomic<long> wrong_device{0};
+    /// This process was forked after a context existed: as CUDA does, calls fail with
+    /// cudaErrorInitializationError (and no stream thread was inherited).
+    std::atomic<bool> forked{false};
 };
 
 State& state();
