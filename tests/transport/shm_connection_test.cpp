@@ -350,20 +350,6 @@ TEST_CASE("a hostile setup is refused with a clear error", "[shm][fault]") {
     ::close(sv[1]);
 }
 
-TEST_CASE("rings are faulted as bytes reach them, not when they are set up", "[shm]") {
-    ShmOptions o = shm_options(std::size_t(64) << 20, 0us);
-    o.max_peer_ring_bytes = std::size_t(64) << 20;
-    run_with_deadline(20s, [&]() -> Task<void> {
-        const auto before = static_cast<std::int64_t>(rss_bytes());
-        auto p = co_await make_shm_pair(o);
-        const auto grown = static_cast<std::int64_t>(rss_bytes()) - before;
-        INFO("RSS grew by " << grown / 1024 << " KiB for two 64 MiB rings");
-        // (Each ring is mapped twice in this process: pre-faulted, that was 256 MiB.)
-        CHECK(grown < (16 << 20));
-        REQUIRE(co_await stream_through(*p.a, *p.b, std::size_t(1) << 20));
-    });
-}
-
 namespace {
 
 /// A peer (a forked child's body) that sets up properly on `sock`, then rings our data doorbell

@@ -77,9 +77,10 @@ Result<LocalEnd> create_local_end(std::size_t capacity) {
     // file would turn the peer's next access into SIGBUS).
     if (::fcntl(end.memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
         return fail(os_error("sealing the shm ring", errno));
-    // Faulted as it is used (no MAP_POPULATE): a ring costs the pages its bytes have reached, not
-    // its size, and setting one up costs no event-loop time.
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, end.memfd.get(), 0);
+    // Faulted in at once (MAP_POPULATE): a ring faulted as bytes reach it instead cost the rpc
+    // benchmark over shm 40% of its calls/s at 16 and 128 calls in flight. A ring is set up only for
+    // a peer the handshake admitted, and a peer's is at most max_peer_ring_bytes.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, end.memfd.get(), 0);
     if (p == MAP_FAILED) return fail(os_error("mmap of the shm ring", errno));
     end.inbox = Mapping(p, bytes);
     init_ring(p, capacity);
@@ -198,7 +199,7 @@ Result<PeerEnd> accept_peer_end(const SetupMessage& msg, std::vector<Fd> fds, st
     for (std::size_t i = 1; i < kSetupFds; ++i)
         if (!is_eventfd(fds[i].get()))
             return fail(Errc::protocol_error, "descriptor " + std::to_string(i) + " of the shm setup is not an eventfd");
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);  // (lazily, as ours)
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);  // (as ours)
     if (p == MAP_FAILED) return fail(os_error("mmap of the peer's shm ring", errno));
     PeerEnd end;
     end.outbox = Mapping(p, bytes);

@@ -136,6 +136,13 @@ struct ShmConnection::State : std::enable_shared_from_this<State> {
         co_return ok();
     }
 
+    /// A wait ends with bytes or space: the idle bells before it were an honest peer's (a bell
+    /// rung for bytes that a look before the sleep had already found), not a storm.
+    Result<void> progress() noexcept {
+        idle_count = 0;
+        return ok();
+    }
+
     /// A doorbell (`bell`) woke a wait to nothing: counted, and past kIdleBells in one kIdleWindow
     /// the wait pauses until that window ends, the doorbell taken out of the event loop meanwhile
     /// (while watched, every ring wakes the loop, waited on or not). Cancellable as the waits; a
@@ -324,7 +331,7 @@ Task<Result<void>> ShmConnection::wait_readable() {
         if (s->closed) co_return fail(s->ended());
         auto r = s->inbox.readable_bytes();
         if (!r) co_return fail(s->broken(std::move(r).error()));
-        if (*r > 0) co_return ok();
+        if (*r > 0) co_return s->progress();
         if (s->lost) co_return fail(*s->lost);
         if (std::exchange(woke, false))
             if (auto b = co_await s->idle_bell(s->data_wait); !b) co_return b;
@@ -362,7 +369,7 @@ Task<Result<void>> ShmConnection::wait_writable() {
         if (s->closed || s->lost) co_return fail(s->ended());
         auto r = s->outbox.free_bytes();
         if (!r) co_return fail(s->broken(std::move(r).error()));
-        if (*r > 0) co_return ok();
+        if (*r > 0) co_return s->progress();
         if (std::exchange(woke, false))
             if (auto b = co_await s->idle_bell(s->space_wait); !b) co_return b;
         if (spin_until(s->options.spin, [&] {

@@ -47,9 +47,10 @@ struct ShmStats {
     std::uint64_t backoffs = 0;     ///< times too many idle bells made a wait pause (kIdleBells)
 };
 
-/// A wait woken by more than this many doorbells with nothing behind them within kIdleWindow
-/// pauses until the window ends: a peer ringing in a loop costs us a few percent of a core, not
-/// one. (An honest peer rings only for bytes or space, so it never gets near.)
+/// A wait woken by more than this many doorbells with nothing behind them within kIdleWindow, with
+/// no bytes or space in between, pauses until the window ends: a peer ringing in a loop costs us a
+/// few percent of a core, not one. (An honest peer rings only for bytes or space: at most one of its
+/// bells finds nothing, one rung for bytes that the look before our sleep had already found.)
 inline constexpr unsigned kIdleBells = 64;
 inline constexpr std::chrono::milliseconds kIdleWindow{10};
 
