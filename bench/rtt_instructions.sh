@@ -6,6 +6,7 @@
 # plus its 10% warm-up). Usage: bench/rtt_instructions.sh [BUILD_DIR]   (needs valgrind)
 set -euo pipefail
 build=$(realpath "${1:-build}")
+ninja -C "$build" bench/rpc_bench >/dev/null  # (not built by default)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for n in 2000 22000; do

@@ -19,27 +19,7 @@ fi
 # The tests of the two suites, each with the ninja targets it needs (its executable and what it
 # depends on, e.g. lifecycle's worker): one line "name target..." per test.
 plan=$dir/tsan-tests.txt
-python3 - "$dir" >"$plan" <<'PY2'
-import json, os, subprocess, sys
-d = os.path.abspath(sys.argv[1])
-tests = json.loads(subprocess.check_output(["meson", "introspect", "--tests", d]))
-by_id = {t["id"]: t for t in json.loads(subprocess.check_output(["meson", "introspect", "--targets", d]))}
-found = False
-for t in tests:
-    # suites read "project:suite"
-    if not {"rpc", "transport"} & {s.split(":")[-1] for s in t["suite"]}:
-        continue
-    files = {t["cmd"][0]}
-    for dep in t.get("depends", []):
-        if dep in by_id:
-            files.update(by_id[dep]["filename"])
-    # Only what the build makes is a ninja target (a test's command may be a script in the sources).
-    built = sorted(os.path.relpath(f, d) for f in files if os.path.abspath(f).startswith(d + os.sep))
-    print(t["name"], *built)
-    found = True
-if not found:
-    sys.exit("ci_tsan: no rpc or transport tests in " + d)
-PY2
+python3 scripts/suite_targets.py "$dir" rpc transport >"$plan" || exit 1
 # -k 0: a target that fails to build fails the step (and is named) without hiding the TSan
 # verdict on the tests that did build (meson test refuses to start when one executable is missing).
 status=0

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the library, tests, examples and benchmarks, runs every test suite, prints "N passed, N failed".
+# Builds the library, tests and examples (not the benchmarks: `ninja -C build benchmarks`), runs every
+# test suite, prints "N passed, N failed".
 # Idempotent: reuses the build folder (default build/, or $TP_BUILD_DIR). Extra arguments go to meson setup.
 # Prints the wall time of each step ("test.sh: STEP took N s") and of the whole run.
 set -euo pipefail

@@ -48,6 +48,8 @@ CudaDevice::~CudaDevice() {
     DeviceGuard guard(*api_, index_);
     for (auto e : free_events_) (void)api_->cudaEventDestroy(e);
     for (std::size_t i = 1; i < streams_.size(); ++i) (void)api_->cudaStreamDestroy(streams_[i]);
+    // (Memory still out, tensors that outlive the backend, keeps the pool until it is freed.)
+    if (pool_ != nullptr) (void)api_->cudaMemPoolDestroy(pool_);
 }
 
 Result<void> CudaDevice::ready() {
@@ -69,15 +71,22 @@ Result<void> CudaDevice::ready() {
         }
         streams.push_back(s);
     }
+    // A pool of our own, not the device's default one, which other libraries of the process share
+    // (and whose settings are theirs to choose).
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = index_;
     cudaMemPool_t pool = nullptr;
-    if (auto e = api_->cudaDeviceGetDefaultMemPool(&pool, index_); e != cudaSuccess) {
+    if (auto e = api_->cudaMemPoolCreate(&pool, &props); e != cudaSuccess) {
         undo();
-        return fail(cuda_error(*api_, "cudaDeviceGetDefaultMemPool", index_, e));
+        return fail(cuda_error(*api_, "cudaMemPoolCreate", index_, e));
     }
     // Keep freed memory in the pool instead of returning it at every synchronisation: allocation
     // after free is then a pool hit, not a driver call.
     std::uint64_t keep = UINT64_MAX;
     if (auto e = api_->cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep); e != cudaSuccess) {
+        (void)api_->cudaMemPoolDestroy(pool);
         undo();
         return fail(cuda_error(*api_, "cudaMemPoolSetAttribute", index_, e));
     }

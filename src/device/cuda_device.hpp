@@ -47,7 +47,8 @@ public:
     /// Unique to this object in the process (two backends' objects of one device differ): what
     /// keys the wait groups of its streams, whose sequence numbers are this object's own.
     [[nodiscard]] std::uint32_t serial() const noexcept { return serial_; }
-    /// Creates the streams and configures the pool once (device current); the sticky error after.
+    /// Creates the streams and the memory pool (its own, not the device's default) once, with the
+    /// device current; the sticky error after.
     [[nodiscard]] Result<void> ready();
     /// Whether ready() has set the device up (its context exists).
     [[nodiscard]] bool set_up() const {

@@ -71,10 +71,15 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
             dc->bus_ids_[i] = props->pci_bus_id;
             IpcDeviceParams p;
             if (std::find(outbox_devices.begin(), outbox_devices.end(), d) != outbox_devices.end()) {
-                auto box = Outbox::create(b, d, outbox_bytes);
-                if (!box) return fail(std::move(box).error().context("setting up cuda_ipc on " + d.str()));
-                p = (*box)->params();
-                dc->outboxes_[i] = std::move(*box);
+                // A device that cannot have one (its memory taken, a fault, no IPC) loses cuda_ipc
+                // from it, not the agent: its tensors go by cuda_basic.
+                if (auto box = Outbox::create(b, d, outbox_bytes); box) {
+                    p = (*box)->params();
+                    dc->outboxes_[i] = std::move(*box);
+                } else {
+                    log(LogLevel::warn, "rpc", "cuda_ipc is off for tensors from " + d.str() + ": " + box.error().to_string() +
+                                                   "; they go by cuda_basic");
+                }
             }
             p.index = i;
             p.bus_id = props->pci_bus_id;

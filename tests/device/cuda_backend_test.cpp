@@ -35,6 +35,18 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 31 + static_cast<std::size_t>(seed)) & 0xff);
     return v;
 }
+/// A new cuda backend and a pooled stream of it on cuda:0, on the fake runtime (null when the fake
+/// is not the runtime loaded).
+std::shared_ptr<DeviceBackend> fake_backend(Stream& stream) {
+    auto made = make_cuda_backend();  // (loads the runtime: fake() finds it loaded)
+    if (!fake().present) return nullptr;
+    REQUIRE(made);
+    auto s = (*made)->acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    stream = *s;
+    return *made;
+}
+
 /// Waits for `e`, then notes whether `dst` still differs from `src` (the copy before `e` not done).
 Task<Result<void>> wait_then_compare(DeviceBackend& b, const Event& e, const std::vector<std::uint8_t>& dst,
                                      const std::vector<std::uint8_t>& src, bool& differs) {
@@ -313,12 +325,11 @@ TEST_CASE("a stream waiting on another stream's event sees its copy; without the
 }
 
 TEST_CASE("a process forked after CUDA was set up refuses CUDA, saying why, and never hangs", "[cuda][fake]") {
-    auto made = make_cuda_backend();  // (loads the runtime: fake() finds it loaded)
-    if (!fake().present) return;
-    REQUIRE(made);
-    auto& b = **made;
-    auto s = b.acquire_stream(Device::cuda(0));
-    REQUIRE(s);
+    Stream st;
+    auto made = fake_backend(st);
+    if (!made) return;
+    auto& b = *made;
+    const auto* s = &st;
     // An event still pending at the fork: the child must not wait for it forever.
     fake().set_stream_delay(*b.native_stream(*s), 300000);
     std::vector<std::uint8_t> h(64, 7);
@@ -352,6 +363,24 @@ TEST_CASE("a process forked after CUDA was set up refuses CUDA, saying why, and 
     CHECK(WEXITSTATUS(status) == 0);
     fake().set_stream_delay(*b.native_stream(*s), 0);
     sync(b, *s);  // the parent's CUDA goes on
+}
+
+TEST_CASE("the backend allocates from a pool of its own: the device's default pool keeps its settings", "[cuda][fake]") {
+    Stream st;
+    auto made = fake_backend(st);
+    if (!made) return;
+    auto& b = *made;
+    const auto* s = &st;
+    auto m = b.allocate_on(*s, 4096);
+    REQUIRE(m);
+    m->reset();
+    sync(b, *s);
+    auto again = b.allocate_on(*s, 4096);  // (from the same pool, after the free)
+    REQUIRE(again);
+    again->reset();
+    sync(b, *s);
+    // Other libraries of the process share the default pool: its release threshold is theirs.
+    CHECK(fake().default_pool_threshold(0) == 0);  // (before: UINT64_MAX, set by the backend)
 }
 
 TEST_CASE("two backends' events on the same stream id of one device are waited for each on its own", "[cuda][fake]") {

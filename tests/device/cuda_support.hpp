@@ -28,6 +28,7 @@ struct FakeCuda {
     void (*set_stream_delay)(void*, long) = nullptr;
     long (*live_allocations)(int) = nullptr;
     long (*host_alloc_calls)() = nullptr;
+    long (*default_pool_threshold)(int) = nullptr;
     long (*live_host_allocations)() = nullptr;
     long (*wrong_device_calls)() = nullptr;
     long (*live_imports)() = nullptr;
@@ -51,6 +52,7 @@ inline const FakeCuda& fake() {
         get(r.set_stream_delay, "fake_cuda_set_stream_delay");
         get(r.live_allocations, "fake_cuda_live_allocations");
         get(r.host_alloc_calls, "fake_cuda_host_alloc_calls");
+        get(r.default_pool_threshold, "fake_cuda_default_pool_threshold");
         get(r.live_host_allocations, "fake_cuda_live_host_allocations");
         get(r.wrong_device_calls, "fake_cuda_wrong_device_calls");
         get(r.live_imports, "fake_cuda_live_imports");

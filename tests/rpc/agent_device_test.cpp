@@ -3,15 +3,19 @@
 // device maps and back; a tensor with no device map is refused naming worker and device; and a hostile peer
 // that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
 // offer that does not decode, a ring notice for a ring never sent) loses its own connection, while
-// the group goes on. The two-process tests of the device channels are cuda_rpc_test.cpp.
+// the group goes on; a device whose outbox cannot be made loses cuda_ipc, not the agent. The
+// two-process tests of the device channels are cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
 #include "rpc/cuda_test_util.hpp"
 
+#include <tensorplay/core/log.hpp>
 #include <tensorplay/device/backend.hpp>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 
 #include "rpc/device_outbox.hpp"
 #include "rpc/device_rings.hpp"
@@ -69,6 +73,34 @@ Result<void> send_ref(Connection& c, std::uint64_t ref, std::size_t n = 4096) {
 }
 
 }  // namespace
+
+TEST_CASE("a device whose cuda_ipc outbox cannot be made loses cuda_ipc, not the agent", "[rpc][agent][device]") {
+    if (cuda_device_count() < 2 || !test::fake().present) {
+        WARN("fewer than two cuda devices (the fake runtime was not loaded): skipped");
+        return;
+    }
+    test::fake().set_mem_limit(1, std::size_t{1} << 20);  // (an outbox takes 256 MiB)
+    std::mutex mutex;
+    std::vector<std::string> warnings;
+    set_log_sink([&](LogLevel level, std::string_view, std::string_view message) {
+        std::lock_guard lock(mutex);
+        if (level >= LogLevel::warn) warnings.emplace_back(message);
+    });
+    test::run_with_deadline(30s, []() -> Task<void> {
+        auto g = co_await test::make_group(2, [](int, TensorPipeRpcBackendOptions& o) {
+            o.devices = {Device::cuda(0), Device::cuda(1)};
+        });
+        test::register_echo(g);
+        co_await calls_work(g);
+        auto down = co_await test::shutdown_all(g);
+        for (auto& d : down) CHECK(d);
+    });
+    set_log_sink({});
+    test::fake().set_mem_limit(1, std::size_t{4} << 30);
+    const bool said = std::any_of(warnings.begin(), warnings.end(),
+                                  [](const std::string& w) { return w.find("cuda_ipc is off for tensors from cuda:1") != std::string::npos; });
+    CHECK(said);  // (before: init failed, "setting up cuda_ipc on cuda:1")
+}
 
 TEST_CASE("a cuda tensor without a device map to the callee is refused, naming the worker and the device", "[rpc][agent][device]") {
     if (cuda_device_count() < 1) {

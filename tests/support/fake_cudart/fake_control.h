@@ -37,6 +37,9 @@ long fake_cuda_wrong_device_calls(void);
 long fake_cuda_contexts(void);
 /* fork: a child forked after a context existed fails every call that needs one, and device counts,
  * with cudaErrorInitializationError, as CUDA does (and no stream thread is inherited). */
+/** The release threshold of `device`'s default memory pool (0 until someone sets it; -2: UINT64_MAX):
+ *  the pool other libraries of the process share. */
+long fake_cuda_default_pool_threshold(int device);
 /** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */
 long fake_cuda_live_imports(void);
 

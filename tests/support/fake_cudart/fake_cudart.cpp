@@ -412,8 +412,25 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
     *pool = d.pool;
     return cudaSuccess;
 }
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* value) {
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+    if (pool == nullptr || props == nullptr || props->location.type != cudaMemLocationTypeDevice)
+        return set_error(cudaErrorInvalidValue);
+    const int device = props->location.id;
+    if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    use_device(device);
+    *pool = new CUmemPoolHandle_st{device};
+    return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+    if (pool == nullptr) return set_error(cudaErrorInvalidValue);
+    std::lock_guard lock(state().mutex);
+    if (state().devices[pool->device].pool == pool) return set_error(cudaErrorInvalidValue);  // (the default one)
+    delete pool;  // (the fake's memory is the device's heap: what is still out stays valid)
+    return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
     if (pool == nullptr || value == nullptr) return set_error(cudaErrorInvalidValue);
+    if (attr == cudaMemPoolAttrReleaseThreshold) pool->release_threshold = *static_cast<std::uint64_t*>(value);
     return cudaSuccess;
 }
 cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t pool, cudaStream_t stream) {
@@ -588,6 +605,13 @@ void fake_cuda_clear_fault(int device) {
     state().progress.notify_all();
 }
 void fake_cuda_set_stream_delay(void* stream, long us) { resolve(static_cast<cudaStream_t>(stream))->delay_us = us; }
+long fake_cuda_default_pool_threshold(int device) {
+    if (device < 0 || device >= max_devices) return -1;
+    std::lock_guard lock(state().mutex);
+    const auto* pool = state().devices[device].pool;
+    if (pool == nullptr) return 0;
+    return pool->release_threshold == UINT64_MAX ? -2 : static_cast<long>(pool->release_threshold);
+}
 long fake_cuda_live_allocations(int device) {
     std::lock_guard lock(state().mutex);
     return static_cast<long>(state().devices[device].heap.live.size());

@@ -137,4 +137,5 @@ struct CUevent_st {
 
 struct CUmemPoolHandle_st {
     int device = 0;
+    std::uint64_t release_threshold = 0;
 };
