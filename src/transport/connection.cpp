@@ -384,27 +384,6 @@ namespace {
 
 Result<Tensor> default_allocate(const TensorDesc& d) { return empty(d.target, d.dtype, d.shape); }
 
-/// shm, once the handshake admitted the peer: sets the rings up over the socket the handshake ran
-/// on. The side that wrote the handshake's last message waits for the other's setup first: the
-/// side that read it may have read ahead, so nothing may follow that message until it sends.
-/// Nothing for other transports.
-Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout) {
-    if (s.transport != "shm" || s.shm) co_return ok();
-    if (s.rend != s.rbeg)
-        co_return fail(s.broken(Error(Errc::protocol_error,
-                                      "peer " + s.who() + " sent " + std::to_string(s.rend - s.rbeg) +
-                                          " bytes after the handshake, before its shm setup",
-                                      s.peer.name)));
-    Stream st{std::move(s.socket), s.transport, s.endpoint, false, nullptr, s.peer_pid};
-    auto setting_up = finish_stream(st, timeout, s.wrote_last);
-    auto r = co_await std::move(setting_up);
-    s.socket = std::move(st.socket);  // (closed once the rings hold it; its executor stays ours)
-    if (!r) co_return fail(std::move(r).error());
-    s.shm = std::move(st.shm);
-    s.shm_spin = shm::spin_from_env();
-    co_return ok();
-}
-
 /// Opens a stream to `address`, runs the client's handshake on it and, when the server chose
 /// another transport, does so once more at the address it named (which must then settle).
 Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address address, HelloInfo local, ConnectionLimits limits,

@@ -10,6 +10,7 @@
 #include "transport/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/negotiate.hpp"
+#include "transport/transport.hpp"
 
 #include <asio/write.hpp>
 
@@ -334,5 +335,23 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
     if (auto w = co_await send_record(*s, AuthRecordKind::accepted, none); !w) co_return fail(w.error());
     co_return std::move(theirs->info);
 }
+
+Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout) {
+    if (s.transport != "shm" || s.shm) co_return ok();
+    if (s.rend != s.rbeg)
+        co_return fail(s.broken(Error(Errc::protocol_error,
+                                      "peer " + s.who() + " sent " + std::to_string(s.rend - s.rbeg) +
+                                          " bytes after the handshake, before its shm setup",
+                                      s.peer.name)));
+    Stream st{std::move(s.socket), s.transport, s.endpoint, false, nullptr, s.peer_pid};
+    auto setting_up = finish_stream(st, timeout, s.wrote_last);
+    auto r = co_await std::move(setting_up);
+    s.socket = std::move(st.socket);  // (closed once the rings hold it; its executor stays ours)
+    if (!r) co_return fail(std::move(r).error());
+    s.shm = std::move(st.shm);
+    s.shm_spin = shm::spin_from_env();
+    co_return ok();
+}
+
 
 }  // namespace tensorplay::detail

@@ -300,6 +300,11 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
 /// The server's side on an accepted socket: the client's introduction once it is admitted (the
 /// answer it was given in s->negotiated).
 Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local);
+/// shm, once the handshake admitted the peer: sets the rings up over the socket the handshake ran
+/// on. The side that wrote the handshake's last message waits for the other's setup first: the
+/// side that read it may have read ahead, so nothing may follow that message until it sends.
+/// Nothing for other transports.
+Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout);
 
 /// A connection's reader in dispatch mode (Connection::dispatch_to), run by the socket reads of
 /// one RearmedRead. It hands every whole frame in the buffer to the sink, then starts the next

@@ -65,10 +65,11 @@ TEST_CASE("a slow release on the completion thread blocks no event loop that add
     std::atomic<bool> releasing{false};
     e1->state()->on_ready([&releasing] {
         releasing = true;
-        std::this_thread::sleep_for(1s);
+        releasing.notify_all();
+        std::this_thread::sleep_for(1s);  // (the slow release itself)
     });
     hold1.reset();
-    while (!releasing) std::this_thread::sleep_for(1ms);
+    releasing.wait(false);
     StreamHold hold2(b, *s2);
     auto e2 = b.record_event(*s2);
     REQUIRE(e2);

@@ -192,6 +192,15 @@ CallerProcess fork_caller(Caller c) {
     return p;
 }
 
+/// Registers on every agent of `g` an "echo" that counts its calls in `served`.
+void count_echoes(test::AgentGroup& g, Served& served) {
+    for (auto& a : g.agents)
+        REQUIRE(a->register_handler("echo", [&served](WorkerInfo, Message m) -> Task<Result<Message>> {
+            served.one();
+            co_return m;
+        }));
+}
+
 /// worker0's address of `transport` ("uv", "shm"), as the store lists it.
 Task<std::string> address_of(Store& store, std::string transport = "uv") {
     auto b = co_await store.get("native_agent/info/0");
@@ -230,11 +239,7 @@ TEST_CASE("a caller that never reads its replies stops being read past the soft 
     int code = -1;
     test::run_with_deadline(120s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        for (auto& a : g.agents)
-            REQUIRE(a->register_handler("echo", [&served](WorkerInfo, Message m) -> Task<Result<Message>> {
-                served.one();
-                co_return m;
-            }));
+        count_echoes(g, served);
         const auto rss0 = rss_bytes();
         caller.say(co_await address_of(*g.store));
         const int queued = co_await next_byte(caller.from, 60s);  // (every request queued on its side)
@@ -273,11 +278,7 @@ TEST_CASE("a caller that never releases the replies it reads by cma pins at most
     int code = -1;
     test::run_with_deadline(120s, [&]() -> Task<void> {
         auto g = co_await test::make_group(2);
-        for (auto& a : g.agents)
-            REQUIRE(a->register_handler("echo", [&served](WorkerInfo, Message m) -> Task<Result<Message>> {
-                served.one();
-                co_return m;
-            }));
+        count_echoes(g, served);
         const auto rss0 = rss_bytes();
         caller.say(co_await address_of(*g.store, "shm"));
         const int queued = co_await next_byte(caller.from, 60s);
