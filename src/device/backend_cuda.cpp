@@ -6,15 +6,18 @@
 #include "core/first_fit.hpp"
 #include "device/cuda_device.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace tensorplay::detail {
 namespace {
 
-// Device memory from the device's pool, freed (stream-ordered) on the stream it was allocated on.
+// Device memory from the device's pool, freed (stream-ordered) on the stream it was allocated on,
+// after the work of every stream recorded with record_stream.
 class CudaStorage final : public Storage {
 public:
     CudaStorage(std::shared_ptr<CudaDevice> dev, std::uint32_t stream, std::uint8_t* p, std::size_t n)
@@ -22,7 +25,17 @@ public:
     ~CudaStorage() override {
         if (data_ == nullptr) return;
         DeviceGuard guard(dev_->api(), dev_->index());
-        if (auto e = dev_->api().cudaFreeAsync(data_, dev_->stream(stream_)); e != cudaSuccess) (void)dev_->failure("cudaFreeAsync", e);
+        cudaStream_t own = dev_->stream(stream_);
+        for (std::uint32_t id : recorded_) order_after(id, own);
+        if (auto e = dev_->api().cudaFreeAsync(data_, own); e != cudaSuccess) (void)dev_->failure("cudaFreeAsync", e);
+    }
+    Result<void> record_stream(const tensorplay::Stream& s) override {
+        if (s.device != device())
+            return fail(Errc::invalid_argument, "record_stream: a stream of " + s.device.str() + " for memory on " + device().str());
+        if (s.id > dev_->pooled()) return fail(Errc::invalid_argument, "record_stream: " + s.device.str() + " has no stream " + std::to_string(s.id));
+        std::lock_guard lock(mutex_);
+        if (s.id != stream_ && std::find(recorded_.begin(), recorded_.end(), s.id) == recorded_.end()) recorded_.push_back(s.id);
+        return ok();
     }
     CudaStorage(const CudaStorage&) = delete;
     CudaStorage& operator=(const CudaStorage&) = delete;
@@ -31,10 +44,26 @@ public:
     std::size_t size() const noexcept override { return size_; }
 
 private:
+    // Makes `own` (where the free goes) wait for the work queued on stream `id` so far. The event goes
+    // back for reuse at once: a wait orders after the record that was the latest when it was made.
+    void order_after(std::uint32_t id, cudaStream_t own) {
+        auto& api = dev_->api();
+        auto ev = dev_->take_event();
+        cudaError_t e = ev ? api.cudaEventRecord(*ev, dev_->stream(id)) : cudaErrorUnknown;
+        if (e == cudaSuccess) e = api.cudaStreamWaitEvent(own, *ev, 0);
+        if (ev) dev_->return_event(*ev);
+        if (e == cudaSuccess) return;
+        // (Ordering failed, the device is most likely lost: wait on the host rather than free early.)
+        if (ev) (void)dev_->failure("ordering a free after a recorded stream", e);
+        (void)api.cudaStreamSynchronize(dev_->stream(id));
+    }
+
     std::shared_ptr<CudaDevice> dev_;
     std::uint32_t stream_;
     std::uint8_t* data_;
     std::size_t size_;
+    std::mutex mutex_;                     // record_stream from several threads
+    std::vector<std::uint32_t> recorded_;  // stream ids other than stream_ (few: a linear search)
 };
 
 // Device memory outside the pool, which this process lets go of itself: from cudaMalloc
@@ -108,6 +137,10 @@ public:
     Device device() const noexcept override { return Device::cpu(); }
     std::uint8_t* data() noexcept override { return data_; }
     std::size_t size() const noexcept override { return size_; }
+    Result<void> record_stream(const tensorplay::Stream&) override {
+        // (Given back to the arena when the last reference goes, in no stream's order.)
+        return fail(Errc::not_supported, "record_stream on pinned staging memory: hold a reference until the work on it ran");
+    }
 
 private:
     std::shared_ptr<PinnedArena> arena_;
@@ -285,7 +318,9 @@ public:
         std::memcpy(&h, handle.data(), sizeof h);
         cudaEvent_t ev = nullptr;
         if (auto e = d.api().cudaIpcOpenEventHandle(&ev, h); e != cudaSuccess) return fail(d.failure("cudaIpcOpenEventHandle", e));
-        return Event{std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false)};
+        // Never cached as complete: the other process records it again and again, and each
+        // ready()/wait() asks about its latest record.
+        return Event{std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false, true, true)};
     }
 
     Result<std::shared_ptr<Storage>> allocate_exportable(Device device, std::size_t nbytes) override {
@@ -359,7 +394,7 @@ public:
         auto dev = stream_device(stream, "record_again");
         if (!dev) return fail(std::move(dev).error());
         auto* st = dynamic_cast<CudaEventState*>(event.state().get());
-        if (st == nullptr || !st->again())
+        if (st == nullptr || !st->again() || st->imported())
             return fail(Errc::invalid_argument, "cuda backend: record_again on " + stream.device.str() +
                                                     " of an event that does not come from create_ipc_event");
         auto& d = **dev;

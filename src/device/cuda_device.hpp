@@ -98,10 +98,11 @@ class CudaEventState final : public EventState, public std::enable_shared_from_t
 public:
     /// `group`: events of one group complete in `seq` order (one stream); `reuse`: returned to the
     /// device for reuse (else destroyed: interprocess events); `again`: recorded again and again
-    /// (create_ipc_event / record_again), so its completion is never cached.
+    /// (create_ipc_event / record_again), so its completion is never cached; `imported`: opened from
+    /// another process's handle (recorded again there, never here).
     CudaEventState(std::shared_ptr<CudaDevice> device, cudaEvent_t event, std::uint64_t group, std::uint64_t seq, bool reuse,
-                   bool again = false)
-        : device_(std::move(device)), event_(event), group_(group), seq_(seq), reuse_(reuse), again_(again) {}
+                   bool again = false, bool imported = false)
+        : device_(std::move(device)), event_(event), group_(group), seq_(seq), reuse_(reuse), again_(again), imported_(imported) {}
     ~CudaEventState() override;
 
     bool ready() const noexcept override;
@@ -112,8 +113,9 @@ public:
     [[nodiscard]] cudaEvent_t event() const noexcept { return event_; }
     [[nodiscard]] std::uint64_t group() const noexcept { return group_; }
     [[nodiscard]] std::uint64_t seq() const noexcept { return seq_; }
-    /// True for an event of create_ipc_event (record_again may record it).
+    /// True for an event of create_ipc_event (record_again may record it) or an imported one.
     [[nodiscard]] bool again() const noexcept { return again_; }
+    [[nodiscard]] bool imported() const noexcept { return imported_; }
 
 private:
     std::shared_ptr<CudaDevice> device_;
@@ -122,6 +124,7 @@ private:
     std::uint64_t seq_;
     bool reuse_;
     bool again_;
+    bool imported_;
     mutable std::atomic<bool> done_{false};
 };
 

@@ -59,6 +59,17 @@ Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> sh
     return n;
 }
 
+Result<void> Storage::record_stream(const Stream& stream) {
+    if (stream.device != device())
+        return fail(Errc::invalid_argument, "record_stream: a stream of " + stream.device.str() + " for memory on " + device().str());
+    return ok();  // (released at once when the last reference goes: nothing to order)
+}
+
+Result<void> Tensor::record_stream(const Stream& stream) const {
+    if (!storage_) return fail(Errc::invalid_argument, "record_stream on an undefined tensor");
+    return storage_->record_stream(stream);
+}
+
 Result<Tensor> Tensor::wrap(std::shared_ptr<Storage> storage, DType dtype, std::vector<std::int64_t> shape) {
     if (!storage) return fail(Errc::invalid_argument, "Tensor::wrap: storage is null");
     auto need = checked_nbytes(dtype, shape);

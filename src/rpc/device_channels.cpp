@@ -351,6 +351,7 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
         return &used.back();
     };
     std::vector<std::shared_ptr<RingLanding>> rings;
+    std::vector<RefCopy> copies;
     auto landed = [&]() -> Result<void> {
         if (frame.alloc_error) return ok();  // (the frame fails as it is: nothing to land)
         for (std::size_t i = 0; i < frame.tensors.size() && i < frame.targets.size(); ++i) {
@@ -371,24 +372,29 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
             ++stats_.staged_received;
         }
         if (frame.device_refs.empty()) return ok();
-        return land_refs(conn, frame, stream_on, rings);
+        return land_refs(conn, frame, stream_on, rings, copies);
     }();
-    if (landed && !rings.empty()) {
-        // Chunks are still to come: the frame waits for them (the hold with it); each copied-out
+    // Copies out of the peer's outbox whose events are complete already are queued now (the common
+    // case: the frame took longer to come than the peer's copy into its outbox); otherwise the host
+    // waits for them (gate), never a stream of ours.
+    const bool gated = landed && std::any_of(copies.begin(), copies.end(), [](const RefCopy& c) { return !c.event.ready(); });
+    if (landed && !gated) landed = queue_ref_copies(copies);
+    if (landed && (gated || !rings.empty())) {
+        // The frame waits (its hold with it) for its gate and its rings' chunks; each copied-out
         // chunk whose slot a later one uses is said "free" once its copy ran.
         auto pending = std::make_shared<PendingFrame>();
         pending->rings = static_cast<int>(rings.size());
+        pending->gates = gated ? 1 : 0;
         pending->deliver = std::move(later);
-        for (auto& l : rings) {
-            l->frame = pending;
-            for (auto& [ev, chunk] : l->frees)
-                spawn_(free_after(*l->backend, std::move(ev), conn, RingNotice{l->device, l->offset, chunk}));
-            l->frees.clear();
-            landing_[RingKey{conn.get(), l->device, l->offset}] = std::move(l);
-        }
         pending->frame = std::move(frame);
         pending->streams = std::move(streams);
         pending->used = std::move(used);
+        for (auto& l : rings) {
+            l->frame = pending;
+            landing_[RingKey{conn.get(), l->device, l->offset}] = l;
+        }
+        if (gated) spawn_(gate(conn, pending, std::move(copies), alive_));
+        for (auto& l : rings) drain(conn, l);
         return Landed::later;
     }
     if (frame.device_hold != 0) release_when_copied(conn, used, frame.device_hold);
@@ -398,7 +404,7 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
 
 Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
                                        const std::function<Result<DeviceStream*>(Device)>& stream_on,
-                                       std::vector<std::shared_ptr<RingLanding>>& rings) {
+                                       std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies) {
     PeerDevices& p = peer_of(*conn);
     if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
     for (const auto& ref : frame.device_refs) {
@@ -439,15 +445,15 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
             if (!e) return fail(std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str()));
             ev = std::move(*e);
         }
-        if (auto w = b.wait_event((*ds)->stream, ev); !w) return w;
         auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
         if (!dst) return fail(std::move(dst).error());
         auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
         if (!t) return fail(std::move(t).error());
         if (!r->chunked) {
-            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory); !c) return c;
+            copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory, ev});
         } else {
-            // Its first chunks are in the ring already (the event above orders after them).
+            // Its first chunks are in the ring already (the event above orders after them): they wait
+            // for it like the chunks announced later.
             auto l = std::make_shared<RingLanding>();
             l->backend = &b;
             l->stream = (*ds)->stream;
@@ -461,8 +467,7 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
             l->ring = theirs->ring;
             l->chunks = static_cast<std::uint32_t>((desc.nbytes + l->chunk - 1) / l->chunk);
             l->arrived.assign(l->chunks, false);
-            for (std::uint32_t j = 0; j < l->ring; ++j)
-                if (auto c = l->copy_out(j); !c) return c;
+            for (std::uint32_t j = 0; j < l->ring; ++j) l->waiting.push_back(j);
             rings.push_back(std::move(l));
             ++stats_.ring_received;
         }
@@ -471,6 +476,44 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
         ++stats_.ipc_received;
     }
     return ok();
+}
+
+Result<void> DeviceChannels::queue_ref_copies(const std::vector<RefCopy>& copies) {
+    for (const auto& c : copies)
+        if (auto r = c.backend->copy_async(c.stream, c.dst, c.src, c.n, c.memory); !r) return r;
+    return ok();
+}
+
+Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<PendingFrame> frame, std::vector<RefCopy> copies,
+                                std::weak_ptr<void> alive) {
+    const EventState* last = nullptr;
+    for (const auto& c : copies) {
+        if (c.event.state().get() == last) continue;  // (tensors of one outbox event: one wait)
+        last = c.event.state().get();
+        auto seen = co_await host_wait(*c.backend, c.event, weak);
+        if (alive.expired()) co_return;
+        if (!seen) {
+            if (auto conn = weak.lock(); conn && seen.error().code() != Errc::connection_lost)
+                conn->close(std::move(seen).error().context("waiting for a cuda_ipc event of " + c.stream.device.str() + "'s peer"));
+            co_return;  // (the frame goes with its connection)
+        }
+    }
+    auto conn = weak.lock();
+    if (!conn || !conn->is_open()) co_return;
+    if (auto q = queue_ref_copies(copies); !q) {
+        conn->close(std::move(q).error().context("copying cuda_ipc tensors out of the peer's outbox"));
+        co_return;
+    }
+    frame->gates = 0;
+    finish_if_whole(conn, frame);
+}
+
+void DeviceChannels::finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame) {
+    if (frame->rings > 0 || frame->gates > 0 || !frame->deliver) return;
+    if (frame->frame.device_hold != 0) release_when_copied(conn, frame->used, frame->frame.device_hold);
+    auto deliver = std::move(frame->deliver);
+    frame->deliver = nullptr;
+    deliver(std::move(frame->frame), std::move(frame->streams));
 }
 
 // The hold goes back once every copy out of the peer's outbox has run: one stream waits for the

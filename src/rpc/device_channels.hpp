@@ -75,11 +75,12 @@ public:
                                                         std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
 
     /// Receiving on `conn`: lands `frame`'s device tensors on fresh pool streams (staged host
-    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox after its event) and names
-    /// those streams in `streams`; the frame's device hold is released once the copies ran.
-    /// An error fails the frame (protocol_error: a bad ref, and the connection should close).
-    /// `later`: a frame with tensors in cuda_ipc rings (device_rings.hpp) is taken, and handed to
-    /// `later` once every chunk's copy is queued (never, when the connection closes first).
+    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox once the host has seen its
+    /// event complete: no stream of ours ever waits on another process) and names those streams in
+    /// `streams`; the frame's device hold is released once the copies ran. An error fails the frame
+    /// (protocol_error: a bad ref, and the connection should close). `later`: a frame with tensors
+    /// in cuda_ipc rings (device_rings.hpp), or whose peer's events were not complete yet, is taken,
+    /// and handed to `later` once every copy is queued (never, when the connection closes first).
     using Deliver = std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)>;
     enum class Landed { now, later };
     [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame,
@@ -116,10 +117,38 @@ private:
     [[nodiscard]] Result<void> queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                             const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
                                             PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold);
-    /// land's copies out of the peer's outbox (device_refs); rings started go to `rings`.
+    /// A copy out of the peer's outbox, queued once the host has seen `event` (the peer's) complete.
+    struct RefCopy {
+        DeviceBackend* backend = nullptr;
+        tensorplay::Stream stream;
+        std::uint8_t* dst = nullptr;
+        const std::uint8_t* src = nullptr;
+        std::size_t n = 0;
+        std::shared_ptr<Storage> memory;  ///< the peer's outbox, opened
+        tensorplay::Event event;
+    };
+    /// land's tensors out of the peer's outbox (device_refs): their copies go to `copies`, their
+    /// rings (not started) to `rings`.
     [[nodiscard]] Result<void> land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
                                          const std::function<Result<DeviceStream*>(Device)>& stream_on,
-                                         std::vector<std::shared_ptr<RingLanding>>& rings);
+                                         std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies);
+    /// Queues `copies` (their events seen complete).
+    [[nodiscard]] static Result<void> queue_ref_copies(const std::vector<RefCopy>& copies);
+    /// A frame's copies out whose events were not complete yet: queued once they are (host waits);
+    /// the connection closes on a device error.
+    [[nodiscard]] Task<void> gate(std::weak_ptr<Connection> conn, std::shared_ptr<PendingFrame> frame,
+                                  std::vector<RefCopy> copies, std::weak_ptr<void> alive);
+    /// Copies out the ring's waiting chunks now if its event is complete, else starts pump().
+    void drain(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l);
+    /// Waits on the host for the ring's event, copies out the chunks that were waiting when it
+    /// started, and goes on while more wait.
+    [[nodiscard]] Task<void> pump(std::weak_ptr<Connection> conn, std::shared_ptr<RingLanding> l, std::weak_ptr<void> alive);
+    /// Queues the copies out of `batch`, says "free" for slots once their copies ran, and finishes
+    /// the ring (and its frame) when every chunk is queued.
+    void copy_batch(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l,
+                    const std::vector<std::uint32_t>& batch);
+    /// Hands `frame` over once nothing of it waits (its hold given back after its copies ran).
+    void finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame);
     /// Releases the peer's `hold` once the copies out of its outbox on `used` ran.
     void release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used, std::uint64_t hold);
     [[nodiscard]] PeerDevices& peer_of(const Connection& conn);
@@ -137,6 +166,8 @@ private:
     std::map<RingKey, std::weak_ptr<RingSend>> sending_;
     std::map<RingKey, std::shared_ptr<RingLanding>> landing_;
     Stats stats_;
+    /// Expires with this object: the coroutines above touch it only while it lives.
+    std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 }  // namespace tensorplay::detail

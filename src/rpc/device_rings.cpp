@@ -1,6 +1,7 @@
 // cuda_ipc's rings: chunks of a large tensor through a few slots of the outbox (device_rings.hpp).
 #include "rpc/device_rings.hpp"
 
+#include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/wire.hpp>
 
 #include "rpc/device_channels.hpp"
@@ -101,20 +102,70 @@ Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std
     if (j < l.ring || j >= l.chunks || l.arrived[j])
         return fail(Errc::protocol_error, "the peer says " + where + " is ready, which is not one to come");
     l.arrived[j] = true;
-    // (After the peer's record for this chunk: its notice came after it.)
-    if (auto w = l.backend->wait_event(l.stream, l.event); !w) return w;
-    if (auto c = l.copy_out(j); !c) return c;
-    ++stats_.ring_chunks_received;
-    for (auto& [ev, chunk] : l.frees) spawn_(free_after(*l.backend, std::move(ev), conn, RingNotice{l.device, l.offset, chunk}));
-    l.frees.clear();
-    if (l.queued < l.chunks) return ok();
-    landing_.erase(it);
-    auto frame = std::move(l.frame);
-    if (--frame->rings == 0) {
-        release_when_copied(conn, frame->used, frame->frame.device_hold);
-        frame->deliver(std::move(frame->frame), std::move(frame->streams));
-    }
+    l.waiting.push_back(j);
+    drain(conn, landing);
     return ok();
+}
+
+// (The event is queried after the notices of every waiting chunk came, so after their records.)
+void DeviceChannels::drain(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l) {
+    if (l->pumping || l->waiting.empty() || !conn->is_open()) return;
+    if (!l->event.ready()) {
+        l->pumping = true;
+        spawn_(pump(conn, l, alive_));
+        return;
+    }
+    auto batch = std::move(l->waiting);
+    l->waiting.clear();
+    copy_batch(conn, l, batch);
+}
+
+Task<void> DeviceChannels::pump(std::weak_ptr<Connection> weak, std::shared_ptr<RingLanding> l, std::weak_ptr<void> alive) {
+    for (;;) {
+        // The chunks announced before this wait starts are the ones it covers.
+        auto batch = std::move(l->waiting);
+        l->waiting.clear();
+        auto seen = co_await host_wait(*l->backend, l->event, weak);
+        auto conn = weak.lock();
+        if (alive.expired() || !conn || !conn->is_open()) co_return;  // (forget() dropped the ring)
+        if (!seen) {
+            conn->close(std::move(seen).error().context("waiting for the cuda_ipc event of a ring of cuda:" + std::to_string(l->device)));
+            co_return;
+        }
+        copy_batch(conn, l, batch);
+        if (l->waiting.empty() || !conn->is_open()) {
+            l->pumping = false;
+            co_return;
+        }
+    }
+}
+
+void DeviceChannels::copy_batch(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l,
+                                const std::vector<std::uint32_t>& batch) {
+    for (std::uint32_t j : batch) {
+        if (auto c = l->copy_out(j); !c) {
+            conn->close(std::move(c).error().context("copying chunk " + std::to_string(j) + " of a cuda_ipc ring out"));
+            return;
+        }
+        if (j >= l->ring) ++stats_.ring_chunks_received;
+    }
+    for (auto& [ev, chunk] : l->frees) spawn_(free_after(*l->backend, std::move(ev), conn, RingNotice{l->device, l->offset, chunk}));
+    l->frees.clear();
+    if (l->queued < l->chunks) return;
+    landing_.erase(RingKey{conn.get(), l->device, l->offset});
+    auto frame = std::move(l->frame);
+    --frame->rings;
+    finish_if_whole(conn, frame);
+}
+
+Task<Result<void>> host_wait(DeviceBackend& b, tensorplay::Event event, std::weak_ptr<Connection> conn) {
+    for (;;) {
+        auto r = co_await with_timeout(b.wait(event), kForeignWaitSlice);
+        if (r || r.error().code() != Errc::timeout) co_return r;
+        auto c = conn.lock();
+        if (!c || !c->is_open())
+            co_return fail(Errc::connection_lost, "the connection closed while its peer's cuda_ipc event was awaited");
+    }
 }
 
 }  // namespace tensorplay::detail

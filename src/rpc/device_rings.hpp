@@ -3,7 +3,9 @@
 // the frame goes, the receiver copies each out on the frame's stream and, once that copy ran, says
 // "free" for its slot; the sender then copies the chunk kOutboxRing further into that slot and
 // says "ready". Both notices are one-way request frames under reserved handler names. A frame with
-// such tensors is handed over once every chunk's copy is queued (the host waits for none).
+// such tensors is handed over once every chunk's copy is queued. No stream of ours waits on the
+// peer's event: a copy out is queued once the host saw that event complete (a dead peer's event never
+// completes, and a stream waiting on it would hold back every later message queued there).
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -11,6 +13,7 @@
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -72,6 +75,7 @@ struct PendingFrame {
     std::vector<tensorplay::Stream> streams;
     std::vector<DeviceStream> used;
     int rings = 0;  ///< ring tensors with chunks still to queue
+    int gates = 0;  ///< 1 while its other copies out wait (on the host) for the peer's events
     std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)> deliver;
 };
 
@@ -88,16 +92,26 @@ struct RingLanding {
     std::size_t chunk = 0;
     std::uint32_t ring = 0, chunks = 0, queued = 0;
     std::vector<bool> arrived;
+    /// Chunks in the ring (the first `ring`, then each "ready" one) whose copy out waits for `event`
+    /// to be seen complete; `pumping`: a coroutine waits for it on the host.
+    std::vector<std::uint32_t> waiting;
+    bool pumping = false;
     /// Copies out whose "free" is still to be said once they ran (held until the frame is whole).
     std::vector<std::pair<tensorplay::Event, std::uint32_t>> frees;
 
-    /// Queues the copy of chunk `j` out of its slot (after a wait on `event`) and, when a later
-    /// chunk will use the slot, an event after it in `frees`.
+    /// Queues the copy of chunk `j` out of its slot (`event` seen complete since it was announced)
+    /// and, when a later chunk will use the slot, an event after it in `frees`.
     [[nodiscard]] Result<void> copy_out(std::uint32_t j);
 };
 
 /// Sends the notice `name` on `conn` (nothing when it is closed).
 void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n);
+
+/// Waits on the host (the completion thread) until `event`, another process's, is seen complete;
+/// Errc::connection_lost once `conn` closes (a dead peer's event never completes), checked every
+/// kForeignWaitSlice; the device's error if it failed.
+inline constexpr std::chrono::milliseconds kForeignWaitSlice{250};
+[[nodiscard]] Task<Result<void>> host_wait(DeviceBackend& b, tensorplay::Event event, std::weak_ptr<Connection> conn);
 
 /// Says "free" for chunk `n.chunk` on `conn` once `copied` (its copy out) is complete.
 [[nodiscard]] Task<void> free_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, RingNotice n);

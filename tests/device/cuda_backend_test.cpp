@@ -325,6 +325,76 @@ TEST_CASE("a stream waiting on another stream's event sees its copy; without the
     CHECK_FALSE(run(false));  // the delay makes a missing wait visible
 }
 
+// Issue 34, item 7. The fake reuses a block for the next allocation of the stream that freed it, as a
+// pool does: a read queued on another stream that the free did not wait for sees the next owner's bytes.
+TEST_CASE("record_stream: memory read on another stream is reused only after that read; unrecorded, the reader races its next owner",
+          "[cuda][fake]") {
+    if (!fake().present) return;
+    auto& b = cuda();
+    const std::size_t n = 64 << 10;
+    const auto first = pattern(n, 5), second = pattern(n, 9);
+    auto run = [&](bool record) {
+        auto own = b.acquire_stream(Device::cuda(0));
+        auto reader = b.acquire_stream(Device::cuda(0));
+        REQUIRE(own);
+        REQUIRE(reader);
+        REQUIRE_FALSE(*own == *reader);
+        std::vector<std::uint8_t> out(n, 0);
+        const std::uint8_t* old = nullptr;
+        {
+            auto mem = b.allocate_on(*own, n);
+            REQUIRE(mem);
+            old = (*mem)->data();
+            REQUIRE(b.copy_async(*own, (*mem)->data(), first.data(), n));
+            sync(b, *own);
+            fake().set_stream_delay(*b.native_stream(*reader), 30000);  // the reader is slow: 30 ms per op
+            REQUIRE(b.copy_async(*reader, out.data(), (*mem)->data(), n));
+            if (record) {
+                auto t = Tensor::wrap(*mem, DType::uint8, {static_cast<std::int64_t>(n)});
+                REQUIRE(t);
+                REQUIRE(t->record_stream(*reader));
+            }
+        }  // the last reference goes: freed on `own`
+        auto next = b.allocate_on(*own, n);
+        REQUIRE(next);
+        const bool reused = (*next)->data() == old;
+        REQUIRE(b.copy_async(*own, (*next)->data(), second.data(), n));
+        sync(b, *own);
+        sync(b, *reader);
+        fake().set_stream_delay(*b.native_stream(*reader), 0);
+        CHECK(reused == !record);  // (recorded: the block was still held when `next` was made)
+        return out == first;
+    };
+    CHECK(run(true));
+    CHECK_FALSE(run(false));  // the delay makes the missing record visible
+}
+
+TEST_CASE("record_stream refuses a stream of another device or one that does not exist, and pinned memory", "[cuda]") {
+    if (cuda_device_count() < 1) return;
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto mem = b.allocate_on(*s, 256);
+    REQUIRE(mem);
+    CHECK((*mem)->record_stream(*s));  // its own stream: nothing to add
+    CHECK((*mem)->record_stream(Stream{Device::cuda(0), 0}));
+    auto other = (*mem)->record_stream(Stream{Device::cuda(1), 1});
+    REQUIRE_FALSE(other);
+    CHECK(other.error().code() == Errc::invalid_argument);
+    CHECK_THAT(other.error().message(), Catch::Contains("cuda:1"));
+    auto missing = (*mem)->record_stream(Stream{Device::cuda(0), 1000});
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().code() == Errc::invalid_argument);
+    auto pinned = b.allocate_host(256);
+    REQUIRE(pinned);
+    auto p = (*pinned)->record_stream(*s);
+    REQUIRE_FALSE(p);
+    CHECK(p.error().code() == Errc::not_supported);
+    CHECK_FALSE(Tensor{}.record_stream(*s));
+    auto host = Tensor::cpu(DType::uint8, {4});
+    CHECK(host.record_stream(Stream{Device::cpu(), 0}));  // host memory: nothing to order
+}
+
 TEST_CASE("a process forked after CUDA was set up refuses CUDA, saying why, and never hangs", "[cuda][fake]") {
     Stream st;
     auto made = fake_backend(st);

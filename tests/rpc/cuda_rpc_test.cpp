@@ -35,7 +35,7 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death };
+enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death };
 
 struct Child {
     Scenario scenario;
@@ -336,6 +336,63 @@ Task<int> peer_death(detail::NativeAgent& a, const Child& c) {
     co_return down ? 0 : 64;
 }
 
+// Issue 34, item 4: a sender whose copy into its outbox never runs (its producer stream is held by
+// a host function for a minute), then dies. The receiver must not have queued anything of its own
+// behind that copy: every pool stream of every device still runs new work at once.
+Task<int> stalled_sender(detail::NativeAgent& a, const std::shared_ptr<Store>& st) {
+    auto ex = co_await asio::this_coro::executor;
+    std::vector<std::string> serving{"test/serving"};
+    if (!co_await st->wait(std::move(serving), 30s)) co_return 70;
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    if (!s) co_return 71;
+    if (!b.enqueue_host(*s, [] { ::sleep(60); })) co_return 72;
+    auto t = filled(*s, 4096, 5);
+    if (!t) co_return 73;
+    Message m{bytes("stalled"), {*t}};
+    m.streams.push_back(*s);
+    asio::co_spawn(ex, a.rpc_async("worker1", "echo", std::move(m), 60), asio::detached);
+    // A CPU call behind it on the same connection: once it is served, the tensor's frame was read.
+    const std::string to = "worker1", handler = "mark";
+    if (!co_await a.rpc_async(to, handler, Message{bytes("m"), {}}, 20)) co_return 74;
+    std::vector<std::string> checked{"test/checked"};
+    if (!co_await st->wait(std::move(checked), 40s)) co_return 75;
+    ::kill(::getpid(), SIGKILL);  // (dies with the copy never run)
+    co_return 76;
+}
+
+Task<int> after_stalled_sender(detail::NativeAgent& a, const std::shared_ptr<Store>& st, const Child& c) {
+    auto ex = co_await asio::this_coro::executor;
+    auto marked = std::make_shared<test::Signal>(ex, 1);
+    if (!serve(a)) co_return 80;
+    auto mark = [marked](WorkerInfo, Message) -> Task<Result<Message>> {
+        marked->try_send(std::error_code{}, 0);
+        co_return Message{};
+    };
+    if (!a.register_handler("mark", mark)) co_return 81;
+    const Bytes one = bytes("1");
+    if (!co_await st->set("test/serving", one)) co_return 82;
+    co_await marked->async_receive(asio::use_awaitable);
+    auto& b = cuda();
+    for (int d = 0; d < c.devices; ++d) {
+        for (int k = 0; k < 16; ++k) {  // (acquire_stream goes round robin: every pool stream, several times)
+            auto s = b.acquire_stream(Device::cuda(d));
+            if (!s) co_return 83;
+            auto t = filled(*s, 4096, k);
+            if (!t) co_return 84;
+            auto done = co_await with_timeout(b.synchronize(*s), 5s);
+            if (!done) {
+                std::fprintf(stderr, "pool stream %u of cuda:%d: %s\n", s->id, d, done.error().to_string().c_str());
+                co_return 85;
+            }
+        }
+    }
+    if (!co_await st->set("test/checked", one)) co_return 86;
+    // The sender dies now; this worker goes on, and shuts down in time.
+    auto down = co_await a.shutdown(false, 5);
+    co_return down ? 0 : 87;
+}
+
 Task<int> worker(Child c) {
     auto ex = co_await asio::this_coro::executor;
     auto store = co_await TcpStore::connect(ex, store_options(c.port));
@@ -362,6 +419,10 @@ Task<int> worker(Child c) {
         co_return 12;
     }
     auto& a = **agent;
+    if (c.scenario == Scenario::sender_death) {
+        auto t = c.rank == 0 ? stalled_sender(a, st) : after_stalled_sender(a, st, c);
+        co_return co_await std::move(t);
+    }
     if (c.rank == 1) {
         if (!serve(a)) co_return 13;
         const Bytes one = bytes("1");
@@ -420,7 +481,8 @@ void expect_clean(Scenario scenario) {
             WARN("no cuda device: skipped");
             return;
         }
-        CHECK(codes[0] == 0);
+        if (scenario == Scenario::sender_death) CHECK(codes[0] == -SIGKILL);
+        else CHECK(codes[0] == 0);
         if (scenario == Scenario::peer_death) CHECK(codes[1] == -SIGKILL);
         else CHECK(codes[1] == 0);
     }
@@ -446,6 +508,10 @@ TEST_CASE("a tensor its caller lets go of at once is still read whole", "[rpc][c
 
 TEST_CASE("the peer dying with copies in flight ends every call, and the caller goes on", "[rpc][cuda][multiprocess][fault]") {
     expect_clean(Scenario::peer_death);
+}
+
+TEST_CASE("a sender that dies before its copy ran holds back no stream of the receiver's", "[rpc][cuda][multiprocess][fault]") {
+    expect_clean(Scenario::sender_death);
 }
 
 // Skipped (77) in the `cuda` suite without a device: asked of a forked child, since a process that

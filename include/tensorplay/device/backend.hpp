@@ -112,7 +112,9 @@ public:
     /// handle. Errc::not_supported elsewhere.
     [[nodiscard]] virtual Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream);
     /// Opens another process's event handle on `device`: wait_event/wait on it order after that
-    /// process's work. Errc::not_supported elsewhere.
+    /// process's work (ready()/wait(): its latest record, asked anew each time). A wait_event on it
+    /// holds the stream until that process's work ran, forever if the process died first; waiting on
+    /// the host (wait) leaves the stream free. Errc::not_supported elsewhere.
     [[nodiscard]] virtual Result<Event> open_ipc_event(Device device, const IpcHandle& handle);
     /// Device memory another process on this host can map (cuda: cudaMalloc, not stream-ordered);
     /// freed when the last reference goes. Errc::not_supported elsewhere.

@@ -25,6 +25,8 @@ enum class DType : std::uint8_t {
 /// partial product of the shape (in bytes) passes INT64_MAX, even if a later dimension is 0.
 [[nodiscard]] Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape);
 
+struct Stream;  // device/backend.hpp
+
 /// Contiguous bytes on one device. Implementations come from a DeviceBackend.
 class Storage {
 public:
@@ -34,6 +36,12 @@ public:
     /// pointer for cuda.
     [[nodiscard]] virtual std::uint8_t* data() noexcept = 0;
     [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+    /// Says that work queued on `stream` (of this storage's device) uses these bytes: when the last
+    /// reference goes, the memory is reused only after the work queued there by then (torch's
+    /// recordStream). Needed for stream-ordered memory (DeviceBackend::allocate_on) used on a stream
+    /// other than its own; a no-op for memory whose release is not stream-ordered. Errc::invalid_argument
+    /// for a stream of another device; Errc::not_supported for pinned staging memory (hold a reference).
+    [[nodiscard]] virtual Result<void> record_stream(const Stream& stream);
 };
 
 /// A dense, contiguous tensor: dtype, shape and shared storage. Copies share the storage.
@@ -59,6 +67,8 @@ public:
     /// The bytes as a span; only meaningful where the storage is host-addressable (cpu, sim).
     [[nodiscard]] std::span<std::uint8_t> bytes() const noexcept { return {data(), nbytes()}; }
     [[nodiscard]] const std::shared_ptr<Storage>& storage() const noexcept { return storage_; }
+    /// storage()->record_stream(stream); Errc::invalid_argument for an undefined tensor.
+    [[nodiscard]] Result<void> record_stream(const Stream& stream) const;
 
 private:
     std::shared_ptr<Storage> storage_;

@@ -27,6 +27,9 @@ struct Message {
     /// a call's reply): fresh pool streams on which the agent queued their arrival; queue work on
     /// them (a handler: also its reply's work) and nothing needs a host wait. A handler's reply
     /// without an entry for a device is taken to be produced on its request's stream there.
+    /// Received device tensors are allocated on these streams, so their memory is reused only after
+    /// the work queued there; a tensor used on another stream needs Tensor::record_stream(that
+    /// stream) before it is dropped, or its memory may go to the next message while that work runs.
     std::vector<Stream> streams;
 
     /// The entry of `device` in `streams`, or null.

@@ -108,12 +108,28 @@ Heap& heap_locked(int device) {
     return h;
 }
 
-cudaError_t heap_alloc(int device, std::size_t n, void** out) {
+// `prefer`: a block this allocation takes first when it is free and large enough (a stream's pool
+// allocation reuses what that stream freed last, as a real pool does).
+cudaError_t heap_alloc(int device, std::size_t n, void** out, const void* prefer = nullptr) {
     auto& s = state();
     std::lock_guard lock(s.mutex);
     auto& h = heap_locked(device);
     const std::size_t len = (std::max<std::size_t>(n, 1) + align - 1) / align * align;
     if (h.used + len > h.limit) return cudaErrorMemoryAllocation;
+    if (prefer != nullptr && prefer >= h.base && prefer < h.base + h.size) {
+        const auto off = static_cast<std::size_t>(static_cast<const std::uint8_t*>(prefer) - h.base);
+        auto it = h.free.upper_bound(off);
+        if (it != h.free.begin() && (--it)->first + it->second >= off + len) {
+            const auto start = it->first, total = it->second;
+            h.free.erase(it);
+            if (off > start) h.free[start] = off - start;
+            if (start + total > off + len) h.free[off + len] = start + total - (off + len);
+            h.live[off] = len;
+            h.used += len;
+            *out = h.base + off;
+            return cudaSuccess;
+        }
+    }
     for (auto it = h.free.begin(); it != h.free.end(); ++it) {
         if (it->second < len) continue;
         const auto off = it->first, rest = it->second - len;
@@ -438,7 +454,7 @@ cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t pool, cuda
     check_current(s->device);
     if (pool == nullptr || pool->device != s->device) return set_error(cudaErrorInvalidValue);
     FAKE_CHECK_DEVICE(s->device);
-    return set_error(heap_alloc(s->device, n, p));
+    return set_error(heap_alloc(s->device, n, p, s->freed.load()));
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     auto* s = resolve(stream);
@@ -450,13 +466,15 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
         std::lock_guard lock(s->mutex);  // (never with state().mutex: wait_idle takes them the other way)
         idle = s->queue.empty() && !s->busy;
     }
+    // Once the stream reaches the free, the block is reusable, and the stream's next allocation takes
+    // it first (a pool reuses memory freed in stream order): work of another stream still reading it
+    // then races with its next owner unless the free waited for that stream (record_stream).
     if (idle) {
-        // An idle stream has passed everything before the free: the block is reusable at once (as a
-        // pool reuses memory freed in stream order); otherwise the free waits for its turn.
-        (void)heap_free(p);
+        // An idle stream has passed everything before the free: the block is reusable at once.
+        if (heap_free(p)) s->freed = p;
         return cudaSuccess;
     }
-    push(s, Op{[p] { (void)heap_free(p); }, nullptr, 0, 0, false});
+    push(s, Op{[p, s] { if (heap_free(p)) s->freed = p; }, nullptr, 0, 0, false});
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {

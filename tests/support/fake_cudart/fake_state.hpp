@@ -126,6 +126,7 @@ struct CUstream_st {
     bool busy = false;
     bool stop = false;
     std::atomic<long> delay_us{0};
+    std::atomic<void*> freed{nullptr};  ///< the block this stream freed last (its next allocation's first choice)
 };
 
 struct CUevent_st {
