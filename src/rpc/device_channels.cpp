@@ -5,9 +5,13 @@
 
 #include "rpc/device_outbox.hpp"
 #include "rpc/device_staging.hpp"
+#include "core/asio_compat.hpp"
 #include "transport/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/transport.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 
 #include <unistd.h>
 
@@ -196,7 +200,8 @@ DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
 
 Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                           const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
-                                          PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold) {
+                                          PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold,
+                                          std::map<int, int>& reserved) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const Tensor& t = tensors[i];
         const Device d = t.device();
@@ -220,7 +225,15 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
             const std::size_t len = ring ? box->ring_bytes() : n;
             std::optional<std::size_t> off = box->take_range(len);
             if (off && ds->event < 0) {
-                if (auto k = box->take_event()) {
+                auto r = reserved.find(d.index);
+                std::optional<int> k;
+                if (r != reserved.end()) {
+                    k = r->second;
+                    reserved.erase(r);
+                } else {
+                    k = box->take_event();
+                }
+                if (k) {
                     ds->event = *k;
                     hold.events.emplace_back(box, *k);
                 } else {
@@ -254,7 +267,7 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
                 ++stats_.ipc_sent;
                 continue;
             }
-            // (The outbox has no free range or event now: this tensor is staged instead.)
+            // (The outbox has no free range now: this tensor is staged instead.)
         }
         if (n > kStagingChunk) {
             // Large: through a few slots, each chunk written as soon as it is in host memory.
@@ -301,7 +314,36 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     std::vector<DeviceStream> used;
     used.reserve(tensors.size());  // (pointers into it stay valid)
     auto hold = std::make_shared<OutboxHold>();
-    auto queued = queue_copies(conn, tensors, streams, targets, out, used, *hold);
+    // An outbox event for each device whose tensors go by cuda_ipc. When every event of an outbox is
+    // in flight, the frame waits for one to come back (a peer's release) rather than go by staging;
+    // the caller's deadline bounds the wait (it cancels this).
+    std::map<int, int> reserved;  // cuda index -> event
+    auto give_back_reserved = [&] {
+        for (auto [d, k] : reserved) outboxes_.at(d)->give_event(k);
+        reserved.clear();
+    };
+    for (std::size_t i = 0; i < tensors.size() && i < targets.size(); ++i) {
+        const Device d = tensors[i].device();
+        if (!d.is_cuda() || reserved.count(d.index) || !ipc_viable(*conn, d, targets[i])) continue;
+        auto& box = outboxes_.at(d.index);
+        auto k = box->take_event();
+        if (!k) {
+            ++stats_.event_waits;
+            asio::steady_timer timer(co_await asio::this_coro::executor);
+            for (auto pause = std::chrono::microseconds(250); !k && conn->is_open(); k = box->take_event()) {
+                timer.expires_after(pause);
+                if (auto [ec] = co_await timer.async_wait(use_nothrow); ec) {
+                    give_back_reserved();
+                    co_return fail(Errc::cancelled, "waiting for a free cuda_ipc event of " + d.str() + "'s outbox");
+                }
+                pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(8));
+            }
+            if (!k) continue;  // (the connection closed: the frame fails as it is written)
+        }
+        reserved[d.index] = *k;
+    }
+    auto queued = queue_copies(conn, tensors, streams, targets, out, used, *hold, reserved);
+    give_back_reserved();  // (those no tensor took: its range was not free)
     for (auto& ds : used) {
         if (!queued || !ds.staged) continue;
         // Staged bytes go on the socket: the host waits for them (suspending this coroutine only).

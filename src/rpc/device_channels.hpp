@@ -104,19 +104,23 @@ public:
 
     /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
     /// those of them staged or landed in chunks, device_staging.hpp; ring_sent, _received: those
-    /// sent by cuda_ipc through a ring, and ring_chunks_*: their chunks that waited for a notice).
+    /// sent by cuda_ipc through a ring, and ring_chunks_*: their chunks that waited for a notice;
+    /// event_waits: frames that waited for one of an outbox's kOutboxEvents events).
     struct Stats {
         std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0,
-                      chunked_received = 0, ring_sent = 0, ring_received = 0, ring_chunks_sent = 0, ring_chunks_received = 0;
+                      chunked_received = 0, ring_sent = 0, ring_received = 0, ring_chunks_sent = 0, ring_chunks_received = 0,
+                      event_waits = 0;  ///< frames that waited for a free outbox event
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 
 private:
     /// prepare's copies: each device tensor into the outbox or staging, on one stream per device
-    /// (`used`), its outbox ranges and events in `hold`.
+    /// (`used`), its outbox ranges and events in `hold`; `reserved`: an event per cuda index that
+    /// prepare took for it (those taken are erased).
     [[nodiscard]] Result<void> queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                             const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
-                                            PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold);
+                                            PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold,
+                                            std::map<int, int>& reserved);
     /// A copy out of the peer's outbox, queued once the host has seen `event` (the peer's) complete.
     struct RefCopy {
         DeviceBackend* backend = nullptr;

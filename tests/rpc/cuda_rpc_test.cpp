@@ -264,6 +264,15 @@ Task<int> load(detail::NativeAgent& a, const Child& c) {
         std::fprintf(stderr, "%d of %d concurrent calls came back right\n", t.good, t.total);
         co_return 42;
     }
+    // (Issue 34, item 9.) cuda_ipc: past its outbox's 16 events, a frame waited for one to come back;
+    // none went by staging (the outbox has room for all of them).
+    const auto st = a.device_stats();
+    if (c.channel == "cuda_ipc" && (st.staged_sent != 0 || st.event_waits == 0 || st.ipc_sent != 1000)) {
+        std::fprintf(stderr, "cuda_ipc under load: %llu sent by cuda_ipc, %llu staged, %llu waited for an event\n",
+                     static_cast<unsigned long long>(st.ipc_sent), static_cast<unsigned long long>(st.staged_sent),
+                     static_cast<unsigned long long>(st.event_waits));
+        co_return 43;
+    }
     co_return 0;
 }
 
