@@ -3,7 +3,9 @@
 //  - wake latency: the time from a stream reaching an event to the awaiting coroutine resuming,
 //    p50/p99 over 10,000 waits, beside cudaEventSynchronize on a blocked thread (raw runtime);
 //  - 10,000 concurrent waits: threads used, total time from release to the last resume;
-//  - 64 MiB allocation and free through the backend (stream-ordered pool) vs cudaMalloc/cudaFree.
+//  - 64 MiB allocation and free through the backend (stream-ordered pool) vs cudaMalloc/cudaFree;
+//  - the completion thread's CPU (% of one core): during the back-to-back waits of the first part,
+//    and while one wait stays pending for a second (a long kernel).
 #include <tensorplay/device/backend.hpp>
 
 #include <asio/co_spawn.hpp>
@@ -86,6 +88,28 @@ Task<Result<void>> wait_for(DeviceBackend& b, const Event& event) {
     co_return co_await std::move(waiting);
 }
 
+/// CPU seconds of this process's thread named `name` (the backend's completion thread), or -1.
+double thread_cpu_seconds(const char* name) {
+    DIR* d = ::opendir("/proc/self/task");
+    if (d == nullptr) return -1;
+    double r = -1;
+    while (auto* e = ::readdir(d)) {
+        char path[300], comm[32] = {};
+        std::snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE* f = std::fopen(path, "r");
+        if (f == nullptr) continue;
+        const bool named = std::fgets(comm, sizeof comm, f) != nullptr && std::string(comm) == std::string(name) + "\n";
+        std::fclose(f);
+        if (!named) continue;
+        // Linux's per-thread CPU clock of a thread id: (~tid << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED.
+        const auto tid = static_cast<clockid_t>(std::atoi(e->d_name));
+        timespec ts{};
+        if (::clock_gettime((~tid << 3) | 6, &ts) == 0) r = static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+    }
+    ::closedir(d);
+    return r;
+}
+
 int fail(const char* what, const std::string& why) {
     std::fprintf(stderr, "cuda_bench: %s: %s\n", what, why.c_str());
     return 1;
@@ -111,6 +135,8 @@ int main() {
     std::vector<double> backend_lat, sync_lat;
     asio::io_context ctx(1);
     bool ok = true;
+    double traffic_cpu0 = -1;
+    Clock::time_point traffic0{};
     asio::co_spawn(ctx, [&]() -> Task<void> {
         Stamp stamp;
         for (int i = 0; i < kWaits && ok; ++i) {
@@ -122,10 +148,33 @@ int main() {
             const auto resumed = Clock::now();
             if (!r) { ok = false; break; }
             backend_lat.push_back(us(resumed - stamp.when()));
+            if (i == 0) {  // (the completion thread exists from the first wait on)
+                traffic_cpu0 = thread_cpu_seconds("tp-cuda-wait");
+                traffic0 = Clock::now();
+            }
         }
     }, [](std::exception_ptr) {});
     ctx.run();
     if (!ok) return fail("wake latency", "a wait failed");
+    const double traffic_cpu = 100 * (thread_cpu_seconds("tp-cuda-wait") - traffic_cpu0) / (us(Clock::now() - traffic0) / 1e6);
+
+    // ... and its CPU while one wait stays pending for a second
+    double pending_cpu = -1;
+    {
+        auto held = std::make_shared<std::atomic<bool>>(false);
+        (void)b.enqueue_host(*s, [held] { while (!held->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+        auto ev = b.record_event(*s);
+        if (!ev) return fail("record_event", ev.error().message());
+        asio::io_context one(1);
+        asio::co_spawn(one, wait_for(b, *ev), [](std::exception_ptr, Result<void>) {});
+        one.run_for(std::chrono::milliseconds(100));  // (the wait is parked, its backoff grown)
+        const double c0 = thread_cpu_seconds("tp-cuda-wait");
+        const auto t0 = Clock::now();
+        one.run_for(std::chrono::seconds(1));
+        pending_cpu = 100 * (thread_cpu_seconds("tp-cuda-wait") - c0) / (us(Clock::now() - t0) / 1e6);
+        held->store(true);
+        one.run();
+    }
 
     // ... and cudaEventSynchronize on a blocked thread
     void* raw_stream = nullptr;
@@ -181,9 +230,10 @@ int main() {
                 "\"wake_us\": {\"backend_p50\": %.2f, \"backend_p99\": %.2f, \"event_sync_p50\": %.2f, \"event_sync_p99\": %.2f, "
                 "\"p50_ratio\": %.2f}, "
                 "\"concurrent\": {\"waits\": %d, \"resumed\": %d, \"threads_before\": %d, \"threads_during\": %d, \"total_ms\": %.2f}, "
-                "\"alloc_64mib_us\": {\"backend_alloc_free\": %.2f, \"cudaMalloc_cudaFree\": %.2f, \"rounds\": %d}}\n",
+                "\"alloc_64mib_us\": {\"backend_alloc_free\": %.2f, \"cudaMalloc_cudaFree\": %.2f, \"rounds\": %d}, "
+                "\"completion_thread_cpu_pct\": {\"back_to_back_waits\": %.1f, \"one_wait_pending_1s\": %.2f}}\n",
                 env ? env : "libcudart", env && std::string(env).find("fake") != std::string::npos ? "true" : "false", kWaits,
                 bp50, bp99, sp50, sp99, bp50 / sp50, kWaits, resumed, threads_before, threads_during, concurrent_ms,
-                backend_alloc, plain_alloc, kAllocRounds);
+                backend_alloc, plain_alloc, kAllocRounds, traffic_cpu, pending_cpu);
     return resumed == kWaits ? 0 : 1;
 }
