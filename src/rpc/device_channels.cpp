@@ -29,6 +29,7 @@ struct PeerDevices {
     std::map<std::pair<int, int>, std::shared_ptr<Storage>> memory;  ///< (its index, our index)
     std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
     std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
+    std::map<std::pair<int, int>, Error> refused;                     ///< (its index, our index): opening failed
 
     const IpcDeviceParams* device(int index) const {
         for (const auto& d : devices)
@@ -472,19 +473,24 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
             return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names the ring at " +
                                                   std::to_string(r->offset) + " of " + desc.source.str() +
                                                   ", which another tensor still uses");
+        if (auto no = p.refused.find({theirs->index, desc.target.index}); no != p.refused.end()) return fail(no->second);
         auto ds = stream_on(desc.target);
         if (!ds) return fail(std::move(ds).error());
         DeviceBackend& b = *(*ds)->backend;
         auto& memory = p.memory[{theirs->index, desc.target.index}];
         if (!memory) {
             auto m = b.open_memory(desc.target, theirs->memory, theirs->size);
-            if (!m) return fail(std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str()));
+            if (!m)
+                return fail(refuse(conn, p, theirs->index, desc.target,
+                                   std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str())));
             memory = std::move(*m);
         }
         auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
         if (!ev.state()) {
             auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
-            if (!e) return fail(std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str()));
+            if (!e)
+                return fail(refuse(conn, p, theirs->index, desc.target,
+                                   std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str())));
             ev = std::move(*e);
         }
         auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
@@ -517,6 +523,25 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
         (*ds)->from_peer = true;
         ++stats_.ipc_received;
     }
+    return ok();
+}
+
+Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
+    Error e = std::move(why).context("cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name + "\" to " +
+                                     target.str() + " is off from now on (its tensors are staged, as cuda_basic does)");
+    p.refused.emplace(std::make_pair(source, target.index), e);
+    log(LogLevel::warn, "rpc", e.message());
+    send_ring_notice(*conn, kIpcRefused, RingNotice{source, static_cast<std::uint64_t>(target.index), 0});
+    return e;
+}
+
+Result<void> DeviceChannels::refused_by_peer(const Connection& conn, const RingNotice& n) {
+    if (!outboxes_.count(n.device) || n.offset > 1023 || n.chunk != 0)
+        return fail(Errc::protocol_error, "the peer refuses cuda_ipc from cuda:" + std::to_string(n.device) + " to cuda:" +
+                                              std::to_string(n.offset) + ", which is not a pair we send on");
+    peer_of(conn).reach[{n.device, static_cast<int>(n.offset)}] = false;
+    log(LogLevel::warn, "rpc", "worker \"" + conn.peer().name + "\" cannot open the cuda_ipc outbox of our cuda:" + std::to_string(n.device) +
+                                   " on its cuda:" + std::to_string(n.offset) + ": its tensors from there are staged (cuda_basic) from now on");
     return ok();
 }
 

@@ -88,9 +88,12 @@ public:
 
     /// Whether a request named `name` is a cuda_ipc ring notice (device_rings.hpp), for notice().
     /// (Inline: asked of every small request the agent reads.)
-    [[nodiscard]] static bool is_notice(std::string_view name) noexcept { return name == kRingReady || name == kRingFree; }
-    /// A ring notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot) or
-    /// one of theirs is ready (copied out). protocol_error: the peer is wrong, close the connection.
+    [[nodiscard]] static bool is_notice(std::string_view name) noexcept {
+        return name == kRingReady || name == kRingFree || name == kIpcRefused;
+    }
+    /// A notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot), one of
+    /// theirs is ready (copied out), or it cannot open our outbox (we stage for it from then on).
+    /// protocol_error: the peer is wrong, close the connection.
     [[nodiscard]] Result<void> notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                       std::span<const std::uint8_t> payload);
 
@@ -156,6 +159,11 @@ private:
     /// Releases the peer's `hold` once the copies out of its outbox on `used` ran.
     void release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used, std::uint64_t hold);
     [[nodiscard]] PeerDevices& peer_of(const Connection& conn);
+    /// The peer's outbox of its cuda:`source` (or an event of it) could not be opened on `target`:
+    /// its later tensors for that pair fail at once with `why`, and the peer is told to stage them.
+    /// The peer's kIpcRefused: that pair is staged from now on.
+    [[nodiscard]] Result<void> refused_by_peer(const Connection& conn, const RingNotice& n);
+    [[nodiscard]] Error refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why);
     [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
 
     Spawn spawn_;

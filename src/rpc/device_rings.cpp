@@ -73,6 +73,7 @@ Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std
                                     std::span<const std::uint8_t> payload) {
     auto n = decode_ring_notice(payload);
     if (!n) return fail(std::move(n).error());
+    if (name == kIpcRefused) return refused_by_peer(*conn, *n);
     const RingKey key{conn.get(), n->device, n->offset};
     const std::string where = "chunk " + std::to_string(n->chunk) + " of the cuda_ipc ring at " + std::to_string(n->offset) +
                               " of cuda:" + std::to_string(n->device);

@@ -29,6 +29,10 @@ class Outbox;
 /// Handler names of the ring notices (one-way requests: no reply).
 inline constexpr std::string_view kRingReady = "_tp_cuda_ipc_ready";
 inline constexpr std::string_view kRingFree = "_tp_cuda_ipc_free";
+/// A receiver that could not open the sender's outbox of cuda:`device` (or its events) on its own
+/// cuda:`offset` (a container without a shared IPC namespace, a MIG instance): from then on the
+/// sender stages that pair's tensors (cuda_basic). Same encoding as a ring notice, chunk 0.
+inline constexpr std::string_view kIpcRefused = "_tp_cuda_ipc_refused";
 
 /// One notice: chunk `chunk` of the ring at `offset` of the outbox on the sender's cuda:`device`.
 struct RingNotice {

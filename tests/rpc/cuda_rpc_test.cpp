@@ -35,7 +35,7 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death };
+enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied };
 
 struct Child {
     Scenario scenario;
@@ -345,6 +345,34 @@ Task<int> peer_death(detail::NativeAgent& a, const Child& c) {
     co_return down ? 0 : 64;
 }
 
+// Issue 34, item 5: worker1 cannot open our outbox (FAKE_CUDA_IPC_DENY, as in a container without a
+// shared IPC namespace). The first cuda_ipc message of each device pair fails, saying why; from then
+// on that pair's tensors are staged and arrive whole, small and chunked.
+Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
+    auto& b = cuda();
+    const bool denied = c.channel == "cuda_ipc" && test::fake().present;
+    for (int d = 0; d < c.devices; ++d) {
+        auto s = b.acquire_stream(Device::cuda(d));
+        if (!s) co_return 90;
+        auto t = filled(*s, 4096, d);
+        if (!t) co_return 91;
+        Message m{bytes("first"), {*t}};
+        m.streams.push_back(*s);
+        const std::string to = "worker1", handler = "echo";
+        auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+        if (denied && r) co_return 92;
+        if (denied && (r.error().message().find("cudaIpcOpen") == std::string::npos ||
+                       r.error().message().find("off from now on") == std::string::npos)) {
+            std::fprintf(stderr, "the refused message failed with: %s\n", r.error().to_string().c_str());
+            co_return 93;
+        }
+    }
+    for (std::size_t n : {std::size_t{4096}, std::size_t{4096}, (std::size_t{9} << 20) + 5})
+        if (!co_await echo_round(a, c, n, static_cast<int>(n % 97), false)) co_return 94;
+    if (denied && a.device_stats().staged_sent == 0) co_return 95;
+    co_return 0;
+}
+
 // Issue 34, item 4: a sender whose copy into its outbox never runs (its producer stream is held by
 // a host function for a minute), then dies. The receiver must not have queued anything of its own
 // behind that copy: every pool stream of every device still runs new work at once.
@@ -403,6 +431,7 @@ Task<int> after_stalled_sender(detail::NativeAgent& a, const std::shared_ptr<Sto
 }
 
 Task<int> worker(Child c) {
+    if (c.scenario == Scenario::ipc_denied && c.rank == 1) ::setenv("FAKE_CUDA_IPC_DENY", "1", 1);
     auto ex = co_await asio::this_coro::executor;
     auto store = co_await TcpStore::connect(ex, store_options(c.port));
     if (!store) co_return 10;
@@ -449,6 +478,8 @@ Task<int> worker(Child c) {
     case Scenario::ordering: code = co_await ordering(a, c); break;
     case Scenario::load: code = co_await load(a, c); break;
     case Scenario::dropped: code = co_await dropped(a, c); break;
+    case Scenario::ipc_denied: code = co_await ipc_denied(a, c); break;
+    case Scenario::sender_death: break;  // (run above)
     case Scenario::peer_death: {
         auto t = peer_death(a, c);
         co_return co_await std::move(t);
@@ -517,6 +548,10 @@ TEST_CASE("a tensor its caller lets go of at once is still read whole", "[rpc][c
 
 TEST_CASE("the peer dying with copies in flight ends every call, and the caller goes on", "[rpc][cuda][multiprocess][fault]") {
     expect_clean(Scenario::peer_death);
+}
+
+TEST_CASE("a receiver that cannot open the sender's outbox gets every later tensor by staging", "[rpc][cuda][multiprocess][fault]") {
+    expect_clean(Scenario::ipc_denied);
 }
 
 TEST_CASE("a sender that dies before its copy ran holds back no stream of the receiver's", "[rpc][cuda][multiprocess][fault]") {

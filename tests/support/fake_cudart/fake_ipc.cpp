@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -71,7 +72,17 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t ev) 
     return cudaSuccess;
 }
 
+namespace {
+// FAKE_CUDA_IPC_DENY=1: this process cannot open other processes' handles (a container without a
+// shared IPC namespace, a MIG instance), as cudaErrorMapBufferObjectFailed.
+bool ipc_denied() {
+    const char* v = std::getenv("FAKE_CUDA_IPC_DENY");
+    return v != nullptr && v[0] == '1';
+}
+}  // namespace
+
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* ev, cudaIpcEventHandle_t handle) {
+    if (ipc_denied()) return set_error(cudaErrorMapBufferObjectFailed);
     EventHandle h;
     std::memcpy(&h, &handle, sizeof h);
     if (h.magic != event_magic) return set_error(cudaErrorInvalidValue);
@@ -123,6 +134,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags) {
     if (auto e = sticky(use_current_device()); e != cudaSuccess) return set_error(e);
     if (flags != cudaIpcMemLazyEnablePeerAccess) return set_error(cudaErrorInvalidValue);  // the only flag there is
+    if (ipc_denied()) return set_error(cudaErrorMapBufferObjectFailed);
     MemHandle m;
     std::memcpy(&m, &handle, sizeof m);
     if (m.magic != mem_magic) return set_error(cudaErrorInvalidValue);
@@ -168,7 +180,8 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                    \
     X(cudaErrorLaunchFailure, "unspecified launch failure")                                  \
     X(cudaErrorNotPermitted, "operation not permitted")                                      \
-    X(cudaErrorDeviceUninitialized, "invalid device context")
+    X(cudaErrorDeviceUninitialized, "invalid device context") \
+    X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed")
 
 const char* cudaGetErrorName(cudaError_t e) {
 #define FAKE_NAME(code, text) \
