@@ -535,6 +535,19 @@ Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevice
     return e;
 }
 
+Task<bool> DeviceChannels::quiesce(std::chrono::steady_clock::duration limit) {
+    auto alive = std::weak_ptr<void>(alive_);
+    const auto until = std::chrono::steady_clock::now() + limit;
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (;;) {
+        if (alive.expired()) co_return true;
+        if (std::all_of(outboxes_.begin(), outboxes_.end(), [](const auto& b) { return b.second->idle(); })) co_return true;
+        if (std::chrono::steady_clock::now() >= until) co_return false;
+        timer.expires_after(std::chrono::milliseconds(1));
+        if (auto [ec] = co_await timer.async_wait(use_nothrow); ec) co_return false;
+    }
+}
+
 Result<void> DeviceChannels::refused_by_peer(const Connection& conn, const RingNotice& n) {
     if (!outboxes_.count(n.device) || n.offset > 1023 || n.chunk != 0)
         return fail(Errc::protocol_error, "the peer refuses cuda_ipc from cuda:" + std::to_string(n.device) + " to cuda:" +

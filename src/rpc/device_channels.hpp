@@ -14,6 +14,7 @@
 #include "rpc/device_rings.hpp"
 #include "transport/connection_ext.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -104,6 +105,11 @@ public:
 
     /// Forgets what was opened for `conn` (its peer's outboxes and events).
     void forget(const Connection* conn);
+
+    /// Before a graceful shutdown closes the connections: waits (up to `limit`) until every frame
+    /// sent from our outboxes was released by its peer, that is until their copies out of them ran,
+    /// so that freeing the outboxes races no peer's copy. False when the limit passed first.
+    [[nodiscard]] Task<bool> quiesce(std::chrono::steady_clock::duration limit);
 
     /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
     /// those of them staged or landed in chunks, device_staging.hpp; ring_sent, _received: those

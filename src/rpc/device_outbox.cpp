@@ -158,6 +158,12 @@ std::optional<int> Outbox::take_event() {
     return k;
 }
 
+bool Outbox::idle() {
+    std::lock_guard lock(mutex_);
+    sweep();
+    return free_events_.size() == events_.size();
+}
+
 void Outbox::give_event(int k) noexcept {
     std::lock_guard lock(mutex_);
     free_events_.push_back(k);

@@ -86,6 +86,8 @@ public:
     void give_range(std::size_t offset, std::size_t n) noexcept;
     /// A free event, or nullopt.
     [[nodiscard]] std::optional<int> take_event();
+    /// Whether every event is free (no frame sent from here is still held by its peer).
+    [[nodiscard]] bool idle();
     void give_event(int k) noexcept;
     /// Gives back a hold's ranges and events once those events (recorded after every copy into
     /// the ranges) have completed: at once when they have, else at a later take (a hold dropped

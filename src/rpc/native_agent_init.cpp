@@ -349,6 +349,15 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             const std::string round = "shutdown/" + std::to_string(++shutdown_round);
             auto b = co_await barrier(round, left, true);
             if (!b) result = fail(std::move(b).error().context("graceful shutdown of worker \"" + self.name + "\""));
+            if (b && device_channels) {
+                // Our outboxes go with the agent: first the peers' copies out of them finish (their
+                // releases come back), bounded by what is left of the timeout (else a few seconds).
+                Duration grace = std::chrono::seconds(5);
+                if (deadline != Clock::time_point::max()) grace = std::max(Duration(std::chrono::milliseconds(1)), deadline - Clock::now());
+                if (!co_await device_channels->quiesce(grace))
+                    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" frees its cuda_ipc outboxes before every peer released "
+                                                   "what it sent from them (their copies out may read freed memory)");
+            }
             if (b && world_size > 1) {
                 // Rank 0 usually hosts the store: it leaves last, once every other worker has read the
                 // barrier's result, so that nobody loses the store while still waiting on it.

@@ -35,7 +35,7 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied };
+enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown };
 
 struct Child {
     Scenario scenario;
@@ -373,6 +373,62 @@ Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
     co_return 0;
 }
 
+/// Sets the fake's delay on every pool stream of `d` (acquire_stream goes round robin over them).
+void slow_pool(Device d, long us) {
+    for (int k = 0; k < 32; ++k)
+        if (auto s = cuda().acquire_stream(d)) slow_down(*s, us);
+}
+
+// Issue 34, item 11: worker1 replies by cuda_ipc, and both shut down gracefully at once while our
+// copies out of its outbox still run (our pool streams are slow). Its outbox is freed only after
+// we released what it sent from there: the reply's bytes are whole (the fake overwrites freed
+// exportable memory).
+Task<int> teardown_caller(detail::NativeAgent& a, const std::shared_ptr<Store>& st, const Child& c) {
+    std::vector<std::string> serving{"test/serving"};
+    if (!co_await st->wait(std::move(serving), 30s)) co_return 100;
+    auto& b = cuda();
+    const std::size_t n = std::size_t{1} << 20;
+    Message m{bytes("teardown"), {}};
+    for (int d = 0; d < c.devices; ++d) {
+        auto s = b.acquire_stream(Device::cuda(d));
+        if (!s) co_return 101;
+        auto t = filled(*s, n, 30 + d);
+        if (!t) co_return 102;
+        m.tensors.push_back(*t);
+        m.streams.push_back(*s);
+    }
+    for (int d = 0; d < c.devices; ++d) slow_pool(Device::cuda(d), 150000);
+    const std::string to = "worker1", handler = "echo";
+    auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+    if (!r || r->tensors.size() != static_cast<std::size_t>(c.devices)) co_return 103;
+    const Bytes one = bytes("1");
+    if (!co_await st->set("test/called", one)) co_return 104;
+    auto down = co_await a.shutdown(true, 20);
+    if (!down) {
+        std::fprintf(stderr, "graceful shutdown: %s\n", down.error().to_string().c_str());
+        co_return 105;
+    }
+    for (int d = 0; d < c.devices; ++d) slow_pool(Device::cuda(d), 0);
+    for (int d = 0; d < c.devices; ++d) {
+        const Tensor& t = r->tensors[static_cast<std::size_t>(d)];
+        if (co_await read_back(t, stream_of(*r, t.device())) != pattern(n, 30 + d)) {
+            std::fprintf(stderr, "reply tensor %d was read after its sender freed it\n", d);
+            co_return 106;
+        }
+    }
+    co_return 0;
+}
+
+Task<int> teardown_server(detail::NativeAgent& a, const std::shared_ptr<Store>& st) {
+    if (!serve(a)) co_return 110;
+    const Bytes one = bytes("1");
+    if (!co_await st->set("test/serving", one)) co_return 111;
+    std::vector<std::string> called{"test/called"};
+    if (!co_await st->wait(std::move(called), 30s)) co_return 112;
+    auto down = co_await a.shutdown(true, 20);
+    co_return down ? 0 : 113;
+}
+
 // Issue 34, item 4: a sender whose copy into its outbox never runs (its producer stream is held by
 // a host function for a minute), then dies. The receiver must not have queued anything of its own
 // behind that copy: every pool stream of every device still runs new work at once.
@@ -461,6 +517,10 @@ Task<int> worker(Child c) {
         auto t = c.rank == 0 ? stalled_sender(a, st) : after_stalled_sender(a, st, c);
         co_return co_await std::move(t);
     }
+    if (c.scenario == Scenario::teardown) {
+        auto t = c.rank == 0 ? teardown_caller(a, st, c) : teardown_server(a, st);
+        co_return co_await std::move(t);
+    }
     if (c.rank == 1) {
         if (!serve(a)) co_return 13;
         const Bytes one = bytes("1");
@@ -479,7 +539,7 @@ Task<int> worker(Child c) {
     case Scenario::load: code = co_await load(a, c); break;
     case Scenario::dropped: code = co_await dropped(a, c); break;
     case Scenario::ipc_denied: code = co_await ipc_denied(a, c); break;
-    case Scenario::sender_death: break;  // (run above)
+    case Scenario::sender_death: case Scenario::teardown: break;  // (run above)
     case Scenario::peer_death: {
         auto t = peer_death(a, c);
         co_return co_await std::move(t);
@@ -552,6 +612,10 @@ TEST_CASE("the peer dying with copies in flight ends every call, and the caller 
 
 TEST_CASE("a receiver that cannot open the sender's outbox gets every later tensor by staging", "[rpc][cuda][multiprocess][fault]") {
     expect_clean(Scenario::ipc_denied);
+}
+
+TEST_CASE("a graceful shutdown frees the cuda_ipc outbox only after the peer's copies out of it ran", "[rpc][cuda][multiprocess]") {
+    expect_clean(Scenario::teardown);
 }
 
 TEST_CASE("a sender that dies before its copy ran holds back no stream of the receiver's", "[rpc][cuda][multiprocess][fault]") {
