@@ -161,7 +161,7 @@ Result<std::shared_ptr<Storage>> DeviceBackend::allocate_on(Stream stream, std::
     return allocate(stream.device, nbytes);
 }
 
-Result<std::shared_ptr<Storage>> DeviceBackend::allocate_host(std::size_t nbytes) {
+Result<std::shared_ptr<Storage>> DeviceBackend::allocate_host(std::size_t nbytes, Device) {
     auto s = detail::HostStorage::create(Device::cpu(), nbytes);
     if (!s) return fail(Errc::io_error, std::string(name()) + " backend: out of memory allocating " + std::to_string(nbytes) +
                                             " host bytes");

@@ -159,13 +159,14 @@ public:
 
     // The pinned staging pool, made at the first staging buffer (a backend that never stages
     // allocates no pinned memory), under the thread's own context when it has one, else under the
-    // first device this process set up: cudaHostAlloc needs a context, and none is created for it.
-    Result<std::shared_ptr<PinnedArena>> staging() {
+    // first device this process set up, else under the device it serves (`near`): cudaHostAlloc
+    // needs a context, and none is created on a device nobody asked for.
+    Result<std::shared_ptr<PinnedArena>> staging(Device near) {
         std::lock_guard lock(arena_mutex_);
         if (arena_) return arena_;
         std::uint8_t* base = nullptr;
         if (options_.staging_bytes != 0) {
-            auto p = host_alloc(options_.staging_bytes);
+            auto p = host_alloc(options_.staging_bytes, near);
             if (!p) return fail(std::move(p).error().context("the staging pool"));
             base = *p;
         }
@@ -194,12 +195,12 @@ public:
         return std::shared_ptr<Storage>(std::make_shared<CudaStorage>(*dev, stream.id, static_cast<std::uint8_t*>(p), nbytes));
     }
 
-    Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes) override {
-        auto arena = staging();
+    Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes, Device near) override {
+        auto arena = staging(near);
         if (!arena) return fail(std::move(arena).error());
         if (auto* p = (*arena)->take(nbytes == 0 ? 1 : nbytes))
             return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, p, nbytes, false));
-        auto p = host_alloc(nbytes);
+        auto p = host_alloc(nbytes, near);
         if (!p) return fail(std::move(p).error().context("staging pool exhausted"));
         return std::shared_ptr<Storage>(std::make_shared<PinnedStorage>(*arena, *p, nbytes, true));
     }
@@ -430,11 +431,12 @@ public:
 private:
     // `n` pinned bytes (portable: every context sees them). cudaHostAlloc needs a context: the
     // thread's own when it has one, else the first device set up, else cuda:0.
-    Result<std::uint8_t*> host_alloc(std::size_t n) {
+    Result<std::uint8_t*> host_alloc(std::size_t n, Device near) {
         if (cuda_forked()) return fail(forked_error(0).context("allocating pinned memory"));
         int dev = -1;
         if (api_->cuCtxGetCurrent == nullptr || !api_->thread_has_context()) {
-            dev = 0;
+            // A device already set up (no new context), else the one the memory serves, else cuda:0.
+            dev = near.is_cuda() && near.index >= 0 && near.index < device_count() ? near.index : 0;
             for (const auto& d : devices_)
                 if (d->set_up()) {
                     dev = d->index();

@@ -280,7 +280,7 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
             ++stats_.chunked_sent;
             continue;
         }
-        auto staging = b.allocate_host(n);
+        auto staging = b.allocate_host(n, d);
         if (!staging) return fail(std::move(staging).error().context("staging tensor " + std::to_string(i) + " of " + d.str()));
         auto host = Tensor::wrap(*staging, t.dtype(), t.shape());
         if (!host) return fail(std::move(host).error());

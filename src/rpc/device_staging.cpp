@@ -132,7 +132,7 @@ Result<std::shared_ptr<ByteSink>> land_in_chunks(DeviceBackend& backend, tensorp
     p->device = std::move(*device);
     const std::size_t chunks = (nbytes + chunk - 1) / chunk;
     for (std::size_t k = 0; k < std::min(slots, chunks); ++k) {
-        auto slot = backend.allocate_host(chunk);
+        auto slot = backend.allocate_host(chunk, stream.device);
         if (!slot) return fail(std::move(slot).error().context("a landing slot for " + stream.device.str()));
         p->slots.push_back(std::move(*slot));
     }
@@ -147,7 +147,7 @@ Result<std::shared_ptr<ByteSource>> stage_in_chunks(DeviceBackend& backend, tens
     const std::size_t chunks = (tensor.nbytes() + chunk - 1) / chunk;
     p->tensor = std::move(tensor);
     for (std::size_t k = 0; k < std::min(slots, chunks); ++k) {
-        auto slot = backend.allocate_host(chunk);
+        auto slot = backend.allocate_host(chunk, p->tensor.device());
         if (!slot) return fail(std::move(slot).error().context("a staging slot for " + p->tensor.device().str()));
         p->slots.push_back(std::move(*slot));
     }

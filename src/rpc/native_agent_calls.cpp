@@ -201,7 +201,7 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
                 return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
                                                           "\": it has " + std::to_string((*backend)->device_count()) + " cuda device(s)",
                                   self.name));
-            auto staging = (*backend)->allocate_host(desc.nbytes);
+            auto staging = (*backend)->allocate_host(desc.nbytes, desc.target);
             if (!staging) return fail(Error(Errc::device_error, "cannot stage a tensor for " + desc.target.str() + " on worker \"" +
                                                                     self.name + "\": " + staging.error().message(),
                                             self.name));

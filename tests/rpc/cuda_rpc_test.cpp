@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 using namespace tensorplay;
 using namespace std::chrono_literals;
@@ -35,7 +36,7 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown };
+enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown, exclusive, exclusive_held };
 
 struct Child {
     Scenario scenario;
@@ -373,6 +374,57 @@ Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
     co_return 0;
 }
 
+bool is_exclusive(Scenario s) { return s == Scenario::exclusive || s == Scenario::exclusive_held; }
+
+// Issue 34, item 1: every GPU in EXCLUSIVE_PROCESS mode (FAKE_CUDA_EXCLUSIVE), each worker naming
+// its own. Messages flow when no worker touches another's GPU (a context there would take it);
+// when a third process holds worker1's GPU, worker1 still starts, CPU calls work, and a cuda call to
+// it fails saying why.
+Task<int> exclusive_calls(detail::NativeAgent& a, bool held) {
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    if (!s) co_return 120;
+    const std::size_t n = 4096;
+    auto t = filled(*s, n, 7);
+    if (!t) co_return 121;
+    Message m{bytes("exclusive"), {*t}};
+    m.streams.push_back(*s);
+    const std::string to = "worker1", handler = "echo";
+    auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+    if (!held) {
+        if (!r || r->tensors.size() != 1 || r->tensors[0].device() != Device::cuda(0)) {
+            std::fprintf(stderr, "exclusive: %s\n", r ? "the reply has other tensors" : r.error().to_string().c_str());
+            co_return 122;
+        }
+        if (co_await read_back(r->tensors[0], stream_of(*r, Device::cuda(0))) != pattern(n, 7)) co_return 123;
+    } else if (r || r.error().message().find("cudaErrorDevicesUnavailable") == std::string::npos) {
+        std::fprintf(stderr, "a call to a worker whose GPU is held: %s\n", r ? "succeeded" : r.error().to_string().c_str());
+        co_return 124;
+    }
+    auto cpu = co_await a.rpc_async(to, handler, Message{bytes("cpu"), {}}, 20);
+    if (!cpu || cpu->payload != bytes("cpu")) co_return 125;
+    co_return 0;
+}
+
+/// A process that holds cuda:`d` (its context, in EXCLUSIVE_PROCESS mode) until killed.
+pid_t hold_device(int d) {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        const char ok = cuda().acquire_stream(Device::cuda(d)) ? 'y' : 'n';
+        (void)!::write(p[1], &ok, 1);
+        for (;;) ::pause();
+    }
+    ::close(p[1]);
+    char got = 0;
+    REQUIRE(::read(p[0], &got, 1) == 1);
+    ::close(p[0]);
+    CHECK(got == 'y');
+    return pid;
+}
+
 /// Sets the fake's delay on every pool stream of `d` (acquire_stream goes round robin over them).
 void slow_pool(Device d, long us) {
     for (int k = 0; k < 32; ++k)
@@ -497,9 +549,15 @@ Task<int> worker(Child c) {
     // A 16 MiB outbox has rings of 4 chunks of 1 MiB: tensors over 4 MiB go through one.
     if (c.channel == "cuda_ipc" && c.scenario != Scenario::load)
         ::setenv("TP_CUDA_IPC_OUTBOX_BYTES", "16777216", 1);
+    if (is_exclusive(c.scenario) && (!test::fake().present || c.devices < 2)) co_return 77;
     auto args = test::init_args(st, c.rank, 2, [&c](int rank, TensorPipeRpcBackendOptions& o) {
         o.channels = std::vector<std::string>{"basic", c.channel};
         o.rpc_timeout = 30;
+        if (is_exclusive(c.scenario)) {  // (each worker on its own GPU)
+            o.devices.push_back(Device::cuda(rank));
+            if (rank == 0) o.device_maps["worker1"] = DeviceMap{{Device::cuda(0), Device::cuda(1)}};
+            return;
+        }
         for (int d = 0; d < c.devices; ++d) o.devices.push_back(Device::cuda(d));
         if (rank == 0) {
             DeviceMap map;
@@ -539,6 +597,8 @@ Task<int> worker(Child c) {
     case Scenario::load: code = co_await load(a, c); break;
     case Scenario::dropped: code = co_await dropped(a, c); break;
     case Scenario::ipc_denied: code = co_await ipc_denied(a, c); break;
+    case Scenario::exclusive: code = co_await exclusive_calls(a, false); break;
+    case Scenario::exclusive_held: code = co_await exclusive_calls(a, true); break;
     case Scenario::sender_death: case Scenario::teardown: break;  // (run above)
     case Scenario::peer_death: {
         auto t = peer_death(a, c);
@@ -554,6 +614,15 @@ Task<int> worker(Child c) {
 
 /// Runs `scenario` between two forked workers over `channel`: the exit codes of both.
 std::vector<int> run(Scenario scenario, const std::string& channel) {
+    std::string exclusive_dir;
+    pid_t holder = -1;
+    if (is_exclusive(scenario)) {
+        char dir[] = "/tmp/tp-exclusive-XXXXXX";
+        REQUIRE(::mkdtemp(dir) != nullptr);
+        exclusive_dir = dir;
+        ::setenv("FAKE_CUDA_EXCLUSIVE", dir, 1);  // (the children's; this process makes no context)
+        if (scenario == Scenario::exclusive_held) holder = hold_device(1);
+    }
     std::uint16_t port = 0;
     const pid_t store = test::spawn_store(port);
     std::vector<pid_t> pids;
@@ -566,6 +635,14 @@ std::vector<int> run(Scenario scenario, const std::string& channel) {
     auto codes = test::reap(pids, std::chrono::seconds(60));
     ::kill(store, SIGKILL);
     (void)test::reap({store}, std::chrono::seconds(5));
+    if (holder > 0) {
+        ::kill(holder, SIGKILL);
+        (void)test::reap({holder}, std::chrono::seconds(5));
+    }
+    if (!exclusive_dir.empty()) {
+        ::unsetenv("FAKE_CUDA_EXCLUSIVE");
+        std::filesystem::remove_all(exclusive_dir);
+    }
     return codes;
 }
 
@@ -616,6 +693,12 @@ TEST_CASE("a receiver that cannot open the sender's outbox gets every later tens
 
 TEST_CASE("a graceful shutdown frees the cuda_ipc outbox only after the peer's copies out of it ran", "[rpc][cuda][multiprocess]") {
     expect_clean(Scenario::teardown);
+}
+
+TEST_CASE("on EXCLUSIVE_PROCESS GPUs each worker touches only its own; one whose GPU is held elsewhere starts and says why",
+          "[rpc][cuda][multiprocess][fake]") {
+    expect_clean(Scenario::exclusive);
+    expect_clean(Scenario::exclusive_held);
 }
 
 TEST_CASE("a sender that dies before its copy ran holds back no stream of the receiver's", "[rpc][cuda][multiprocess][fault]") {

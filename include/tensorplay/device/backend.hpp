@@ -84,8 +84,10 @@ public:
     /// ordered before `stream`'s later work (wait_event). cpu and sim: allocate(stream.device).
     [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_on(Stream stream, std::size_t nbytes);
     /// Host storage (Device::cpu()) for staging copies to and from this backend's devices: for
-    /// cuda pinned memory from a pool allocated up front; plain host memory otherwise.
-    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes);
+    /// cuda pinned memory from a pool allocated up front; plain host memory otherwise. `near`: the
+    /// device it serves (cuda: on a thread without a context, while no device is set up, the pinned
+    /// memory is made in that device's context rather than cuda:0's).
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> allocate_host(std::size_t nbytes, Device near = Device::cpu());
     /// What `device` reports (cuda); Errc::not_supported elsewhere.
     [[nodiscard]] virtual Result<DeviceProperties> properties(Device device);
 

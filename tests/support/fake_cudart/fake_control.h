@@ -40,6 +40,10 @@ long fake_cuda_contexts(void);
 /** The release threshold of `device`'s default memory pool (0 until someone sets it; -2: UINT64_MAX):
  *  the pool other libraries of the process share. */
 long fake_cuda_default_pool_threshold(int device);
+/* FAKE_CUDA_EXCLUSIVE=<dir>: every device is in EXCLUSIVE_PROCESS compute mode (cudaDevAttrComputeMode
+ * says so) among the processes naming that directory: a device's first context holds it until the
+ * process exits; in another process every call that needs its context fails with
+ * cudaErrorDevicesUnavailable, as on a GPU that a training job holds. */
 /* FAKE_CUDA_IPC_DENY=1 in a process's environment: its cudaIpcOpenMemHandle and cudaIpcOpenEventHandle
  * fail with cudaErrorMapBufferObjectFailed, as in a container without a shared IPC namespace. */
 /** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */

@@ -6,7 +6,9 @@
 #include "fake_control.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,8 +60,32 @@ int current_device() {
     return v == 0 ? 0 : static_cast<int>(v - 1);
 }
 bool thread_bound() { return pthread_getspecific(keys().device) != nullptr; }
+// FAKE_CUDA_EXCLUSIVE=<dir>: every device is in EXCLUSIVE_PROCESS compute mode among the processes
+// naming that directory: the first to make a context on a device holds it (an flock on a file per
+// device there) until it exits; another process's context on it fails with
+// cudaErrorDevicesUnavailable, and so does every call that needs one.
+const char* exclusive_dir() {
+    const char* d = std::getenv("FAKE_CUDA_EXCLUSIVE");
+    return d != nullptr && *d != '\0' ? d : nullptr;
+}
+
 void use_device(int device) {
-    if (device >= 0 && device < max_devices) state().devices[device].context.store(true);
+    if (device < 0 || device >= max_devices) return;
+    auto& d = state().devices[device];
+    if (d.context.load() || d.unavailable.load()) return;
+    if (const char* dir = exclusive_dir()) {
+        std::lock_guard lock(state().mutex);
+        if (d.context.load() || d.unavailable.load()) return;
+        char path[512];
+        std::snprintf(path, sizeof path, "%s/fake-cuda-device-%d.lock", dir, device);
+        const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // (held by the process until it exits)
+            if (fd >= 0) ::close(fd);
+            d.unavailable.store(true);
+            return;
+        }
+    }
+    d.context.store(true);
 }
 void set_current_device(int d) {
     use_device(d);
@@ -83,6 +109,7 @@ cudaError_t set_error(cudaError_t e) {
 
 cudaError_t sticky(int device) {
     if (device < 0 || device >= max_devices) return cudaSuccess;
+    if (state().devices[device].unavailable.load()) return cudaErrorDevicesUnavailable;
     return static_cast<cudaError_t>(state().devices[device].sticky.load());
 }
 
@@ -394,6 +421,7 @@ cudaError_t cudaSetDevice(int d) {
     if (state().forked) return set_error(cudaErrorInitializationError);
     if (d < 0 || d >= std::min(state().visible.load(), max_devices)) return set_error(cudaErrorInvalidDevice);
     set_current_device(d);
+    if (state().devices[d].unavailable.load()) return set_error(cudaErrorDevicesUnavailable);
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -409,6 +437,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    case cudaDevAttrComputeMode: *value = exclusive_dir() ? cudaComputeModeExclusiveProcess : cudaComputeModeDefault; break;
     default: *value = 0;
     }
     return cudaSuccess;
@@ -519,7 +548,7 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
     ++state().host_alloc_calls;
-    (void)use_current_device();  // (pinned memory belongs to a context)
+    FAKE_CHECK_DEVICE(use_current_device());  // (pinned memory belongs to a context)
     *p = std::aligned_alloc(4096, (std::max<std::size_t>(n, 1) + 4095) / 4096 * 4096);
     if (*p == nullptr) return set_error(cudaErrorMemoryAllocation);
     std::lock_guard lock(state().mutex);

@@ -181,7 +181,8 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     X(cudaErrorLaunchFailure, "unspecified launch failure")                                  \
     X(cudaErrorNotPermitted, "operation not permitted")                                      \
     X(cudaErrorDeviceUninitialized, "invalid device context") \
-    X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed")
+    X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed") \
+    X(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable")
 
 const char* cudaGetErrorName(cudaError_t e) {
 #define FAKE_NAME(code, text) \

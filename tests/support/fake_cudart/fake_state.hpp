@@ -68,6 +68,7 @@ struct Device {
     CUstream_st* default_stream = nullptr;
     CUmemPoolHandle_st* pool = nullptr;
     std::atomic<bool> context{false};  ///< its primary context exists (some call needed one)
+    std::atomic<bool> unavailable{false};  ///< EXCLUSIVE_PROCESS, held by another process (FAKE_CUDA_EXCLUSIVE)
 };
 
 struct State {
