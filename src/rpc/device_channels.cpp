@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 
 namespace tensorplay::detail {
 
@@ -323,9 +324,13 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
         for (auto [d, k] : reserved) outboxes_.at(d)->give_event(k);
         reserved.clear();
     };
-    for (std::size_t i = 0; i < tensors.size() && i < targets.size(); ++i) {
-        const Device d = tensors[i].device();
-        if (!d.is_cuda() || reserved.count(d.index) || !ipc_viable(*conn, d, targets[i])) continue;
+    // (In ascending device order, as locks are taken: two frames each holding one device's last event
+    // and waiting for the other's would wait for each other.)
+    std::set<int> wanted;
+    for (std::size_t i = 0; i < tensors.size() && i < targets.size(); ++i)
+        if (tensors[i].device().is_cuda() && ipc_viable(*conn, tensors[i].device(), targets[i])) wanted.insert(tensors[i].device().index);
+    for (const int index : wanted) {
+        const Device d = Device::cuda(index);
         auto& box = outboxes_.at(d.index);
         auto k = box->take_event();
         if (!k) {
