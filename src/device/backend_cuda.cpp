@@ -7,6 +7,7 @@
 #include "device/cuda_device.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -224,6 +225,12 @@ public:
         if (auto e = d.api().cudaDeviceGetPCIBusId(bus, sizeof bus, d.index()); e != cudaSuccess)
             return fail(d.failure("cudaDeviceGetPCIBusId", e));
         p.pci_bus_id = bus;
+        if (unsigned char u[16]; d.api().cuDeviceGetUuid != nullptr && d.api().cuDeviceGetUuid(u, d.index()) == 0) {
+            char text[40];
+            std::snprintf(text, sizeof text, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3],
+                          u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+            p.uuid = text;
+        }
         if (d.api().cuDeviceTotalMem != nullptr && d.api().cuDeviceTotalMem(&p.total_memory, d.index()) == 0) return p;
         // (No driver entry point: the runtime's query needs the device's context.)
         if (auto r = d.ready(); !r) return fail(std::move(r).error());

@@ -22,10 +22,11 @@ struct CudaApi {
 #define TP_CUDA_FN(name) decltype(&::name) name = nullptr;
 #include "device/cuda_api_list.inc"
 #undef TP_CUDA_FN
-    /// Two queries of the driver API (libcuda.so.1, or the runtime's library when it has them)
-    /// that need no context; null where the driver lacks them. CUresult is an int, 0 success.
+    /// Queries of the driver API (libcuda.so.1, or the runtime's library when it has them) that
+    /// need no context; null where the driver lacks them. CUresult is an int, 0 success.
     int (*cuCtxGetCurrent)(void** ctx) = nullptr;
     int (*cuDeviceTotalMem)(std::size_t* bytes, int device) = nullptr;
+    int (*cuDeviceGetUuid)(unsigned char* uuid16, int device) = nullptr;  ///< (a MIG instance's own, v2)
 
     /// Whether the calling thread has a context current (true when the driver cannot say).
     [[nodiscard]] bool thread_has_context() const noexcept;

@@ -75,6 +75,7 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
             auto props = b.properties(d);
             if (!props) return fail(std::move(props).error().context("reading cuda:" + std::to_string(i) + " for cuda_ipc"));
             dc->bus_ids_[i] = props->pci_bus_id;
+            dc->uuids_[i] = props->uuid;
             IpcDeviceParams p;
             if (std::find(outbox_devices.begin(), outbox_devices.end(), d) != outbox_devices.end()) {
                 // A device that cannot have one (its memory taken, a fault, no IPC) loses cuda_ipc
@@ -89,6 +90,7 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
             }
             p.index = i;
             p.bus_id = props->pci_bus_id;
+            p.uuid = props->uuid;
             params.devices.push_back(std::move(p));
         }
         dc->offers_.emplace_back("cuda_ipc", "cuda", "cuda_ipc:" + same_host_domain(), encode_ipc_params(params));
@@ -153,7 +155,9 @@ bool DeviceChannels::ipc_viable(const Connection& conn, Device source, Device ta
     bool ok = false;
     if (const IpcDeviceParams* theirs = p.device(target.index)) {
         for (const auto& [idx, bus] : bus_ids_) {
-            if (bus != theirs->bus_id) continue;
+            // (By UUID when both sides know it: MIG instances of one GPU share its bus id.)
+            const std::string& uuid = uuids_[idx];
+            if (!uuid.empty() && !theirs->uuid.empty() ? uuid != theirs->uuid : bus != theirs->bus_id) continue;
             auto r = outboxes_.at(source.index)->backend().can_access_peer(source, Device::cuda(idx));
             ok = r && *r;
             break;

@@ -177,6 +177,7 @@ private:
     std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index
     std::map<const Connection*, std::unique_ptr<PeerDevices>> peers_;
     std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)
+    std::map<int, std::string> uuids_;    ///< local cuda index -> UUID (cached; empty: unknown)
     /// Per connection, the streams its sinks chose for the frame being read (land takes them).
     std::map<const Connection*, std::vector<tensorplay::Stream>> arriving_;
     /// cuda_ipc rings: ours with chunks still to copy in (the hold owns them), and the peers'

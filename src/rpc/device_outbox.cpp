@@ -9,7 +9,7 @@
 namespace tensorplay::detail {
 
 namespace {
-constexpr std::uint8_t kParamsVersion = 2;
+constexpr std::uint8_t kParamsVersion = 3;  // (3: device UUIDs)
 constexpr std::uint32_t kMaxRing = 64;
 constexpr std::uint32_t kMaxParamDevices = 64;
 constexpr std::size_t kMaxBusId = 64;
@@ -28,7 +28,7 @@ std::string encode_ipc_params(const IpcParams& params) {
     WireWriter w;
     w.u8(kParamsVersion).i32(params.pid).u32(static_cast<std::uint32_t>(params.devices.size()));
     for (const auto& d : params.devices) {
-        w.i32(d.index).str32(d.bus_id).u8(d.outbox ? 1 : 0);
+        w.i32(d.index).str32(d.bus_id).str32(d.uuid).u8(d.outbox ? 1 : 0);
         if (!d.outbox) continue;
         put_handle(w, d.memory);
         w.u64(d.size).u64(d.chunk).u32(d.ring).u32(static_cast<std::uint32_t>(d.events.size()));
@@ -55,6 +55,7 @@ Result<IpcParams> decode_ipc_params(std::string_view bytes) {
         IpcDeviceParams d;
         d.index = r.i32();
         d.bus_id = std::string(r.str32(kMaxBusId, "bus id"));
+        d.uuid = std::string(r.str32(kMaxBusId, "uuid"));
         const auto has = r.u8();
         if (r.failed()) break;
         if (d.index < 0 || has > 1) return fail(Errc::protocol_error, "cuda_ipc parameters: bad device entry " + std::to_string(i));

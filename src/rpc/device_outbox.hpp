@@ -26,12 +26,14 @@ inline constexpr std::size_t kOutboxAlign = 256;
 inline constexpr std::uint32_t kOutboxRing = 4;
 inline constexpr std::size_t kOutboxChunkMax = std::size_t{16} << 20;
 
-/// One device of a cuda_ipc offer: its PCI bus id (peers find it among theirs) and, when it has an
+/// One device of a cuda_ipc offer: its PCI bus id and UUID (peers find it among theirs: by UUID
+/// when both have one, which tells MIG instances of one GPU apart) and, when it has an
 /// outbox, the outbox's memory handle and size, its rings' chunk bytes and slots, and its events'
 /// handles.
 struct IpcDeviceParams {
     int index = 0;
     std::string bus_id;
+    std::string uuid;  ///< (version 3 on: empty when its driver cannot say)
     bool outbox = false;
     IpcHandle memory{};
     std::uint64_t size = 0;

@@ -149,6 +149,8 @@ TEST_CASE("the cuda backend reports its devices and refuses ones it does not hav
     CHECK(p->compute_major > 0);
     CHECK(p->total_memory > 0);
     CHECK_FALSE(p->pci_bus_id.empty());
+    CHECK(p->uuid.size() == 36);  // (every driver since CUDA 11 has cuDeviceGetUuid_v2)
+    if (b.device_count() > 1) CHECK(b.properties(Device::cuda(1))->uuid != p->uuid);
     const Device missing = Device::cuda(b.device_count());
     auto bad = b.allocate(missing, 16);
     REQUIRE_FALSE(bad);

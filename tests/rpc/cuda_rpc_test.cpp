@@ -36,7 +36,7 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown, exclusive, exclusive_held };
+enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown, exclusive, exclusive_held, mig };
 
 struct Child {
     Scenario scenario;
@@ -374,6 +374,16 @@ Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
     co_return 0;
 }
 
+// Issue 34, item 5: the devices are MIG instances of one GPU (FAKE_CUDA_MIG: one bus id, their own
+// UUIDs, no IPC between instances). The sender tells the peer's instance from its own by UUID, so
+// tensors between different instances are staged from the first message on: none fails.
+Task<int> mig_rounds(detail::NativeAgent& a, const Child& c) {
+    for (std::size_t n : {std::size_t{4096}, std::size_t{1} << 20, (std::size_t{9} << 20) + 5})
+        if (!co_await echo_round(a, c, n, static_cast<int>(n % 89), false)) co_return 130;
+    if (a.device_stats().ipc_sent != 0) co_return 131;  // (every pair crosses instances)
+    co_return 0;
+}
+
 bool is_exclusive(Scenario s) { return s == Scenario::exclusive || s == Scenario::exclusive_held; }
 
 // Issue 34, item 1: every GPU in EXCLUSIVE_PROCESS mode (FAKE_CUDA_EXCLUSIVE), each worker naming
@@ -540,6 +550,7 @@ Task<int> after_stalled_sender(detail::NativeAgent& a, const std::shared_ptr<Sto
 
 Task<int> worker(Child c) {
     if (c.scenario == Scenario::ipc_denied && c.rank == 1) ::setenv("FAKE_CUDA_IPC_DENY", "1", 1);
+    if (c.scenario == Scenario::mig) ::setenv("FAKE_CUDA_MIG", "1", 1);
     auto ex = co_await asio::this_coro::executor;
     auto store = co_await TcpStore::connect(ex, store_options(c.port));
     if (!store) co_return 10;
@@ -549,7 +560,7 @@ Task<int> worker(Child c) {
     // A 16 MiB outbox has rings of 4 chunks of 1 MiB: tensors over 4 MiB go through one.
     if (c.channel == "cuda_ipc" && c.scenario != Scenario::load)
         ::setenv("TP_CUDA_IPC_OUTBOX_BYTES", "16777216", 1);
-    if (is_exclusive(c.scenario) && (!test::fake().present || c.devices < 2)) co_return 77;
+    if ((is_exclusive(c.scenario) || c.scenario == Scenario::mig) && (!test::fake().present || c.devices < 2)) co_return 77;
     auto args = test::init_args(st, c.rank, 2, [&c](int rank, TensorPipeRpcBackendOptions& o) {
         o.channels = std::vector<std::string>{"basic", c.channel};
         o.rpc_timeout = 30;
@@ -598,6 +609,7 @@ Task<int> worker(Child c) {
     case Scenario::dropped: code = co_await dropped(a, c); break;
     case Scenario::ipc_denied: code = co_await ipc_denied(a, c); break;
     case Scenario::exclusive: code = co_await exclusive_calls(a, false); break;
+    case Scenario::mig: code = co_await mig_rounds(a, c); break;
     case Scenario::exclusive_held: code = co_await exclusive_calls(a, true); break;
     case Scenario::sender_death: case Scenario::teardown: break;  // (run above)
     case Scenario::peer_death: {
@@ -699,6 +711,10 @@ TEST_CASE("on EXCLUSIVE_PROCESS GPUs each worker touches only its own; one whose
           "[rpc][cuda][multiprocess][fake]") {
     expect_clean(Scenario::exclusive);
     expect_clean(Scenario::exclusive_held);
+}
+
+TEST_CASE("between MIG instances of one GPU tensors are staged from the first message on", "[rpc][cuda][multiprocess][fake]") {
+    expect_clean(Scenario::mig);
 }
 
 TEST_CASE("a sender that dies before its copy ran holds back no stream of the receiver's", "[rpc][cuda][multiprocess][fault]") {

@@ -58,6 +58,9 @@ struct DeviceProperties {
     int multiprocessors = 0;       ///< streaming multiprocessor count
     std::size_t total_memory = 0;  ///< bytes of device memory
     std::string pci_bus_id;        ///< "0000:3b:00.0"
+    /// The device's UUID, "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (a MIG instance's own: instances of
+    /// one GPU share its bus id, not this); empty when the driver cannot say.
+    std::string uuid;
 };
 
 /// Allocation and ordering for one device type. Implementations are thread-safe.

@@ -44,6 +44,9 @@ long fake_cuda_default_pool_threshold(int device);
  * says so) among the processes naming that directory: a device's first context holds it until the
  * process exits; in another process every call that needs its context fails with
  * cudaErrorDevicesUnavailable, as on a GPU that a training job holds. */
+/* FAKE_CUDA_MIG=1: the devices are MIG instances of one GPU: one PCI bus id, UUIDs of their own
+ * (cuDeviceGetUuid_v2; the fake's UUIDs are f0 f1 ... fe <device>), no peer access between them, and
+ * no cudaIpcOpenMemHandle of one instance's memory in another. */
 /* FAKE_CUDA_IPC_DENY=1 in a process's environment: its cudaIpcOpenMemHandle and cudaIpcOpenEventHandle
  * fail with cudaErrorMapBufferObjectFailed, as in a container without a shared IPC namespace. */
 /** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */

@@ -64,6 +64,11 @@ bool thread_bound() { return pthread_getspecific(keys().device) != nullptr; }
 // naming that directory: the first to make a context on a device holds it (an flock on a file per
 // device there) until it exits; another process's context on it fails with
 // cudaErrorDevicesUnavailable, and so does every call that needs one.
+bool mig() {
+    const char* v = std::getenv("FAKE_CUDA_MIG");
+    return v != nullptr && v[0] == '1';
+}
+
 const char* exclusive_dir() {
     const char* d = std::getenv("FAKE_CUDA_EXCLUSIVE");
     return d != nullptr && *d != '\0' ? d : nullptr;
@@ -444,14 +449,14 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
     if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
-    std::snprintf(bus, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + device);
+    std::snprintf(bus, static_cast<std::size_t>(len), "0000:%02x:00.0", mig() ? 0x10 : 0x10 + device);
     return cudaSuccess;
 }
 // As on a GPU, a device does not "peer" with itself (the backend answers that case itself).
 cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
     const int n = std::min(state().visible.load(), max_devices);
     if (device < 0 || device >= n || peer < 0 || peer >= n) return set_error(cudaErrorInvalidDevice);
-    *can = device != peer ? 1 : 0;
+    *can = device != peer && !mig() ? 1 : 0;
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -696,6 +701,12 @@ long fake_cuda_contexts(void) {
 // no context needed for either. CUresult is an int; 0 is CUDA_SUCCESS.
 int cuCtxGetCurrent(void** ctx) {
     *ctx = thread_bound() ? &state().devices[current_device()] : nullptr;
+    return 0;
+}
+int cuDeviceGetUuid_v2(unsigned char* uuid, int device) {
+    if (device < 0 || device >= std::min(state().visible.load(), max_devices)) return 101;  // CUDA_ERROR_INVALID_DEVICE
+    for (int i = 0; i < 16; ++i) uuid[i] = static_cast<unsigned char>(0xf0 + i);
+    uuid[15] = static_cast<unsigned char>(device);  // (the same on every process of the host, as on a GPU)
     return 0;
 }
 int cuDeviceTotalMem_v2(size_t* bytes, int device) {

@@ -140,6 +140,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned f
     if (m.magic != mem_magic) return set_error(cudaErrorInvalidValue);
     // As on a GPU: memory cannot be opened in the process that exported it.
     if (m.pid == static_cast<std::int32_t>(::getpid())) return set_error(cudaErrorDeviceUninitialized);
+    if (mig() && m.device != current_device()) return set_error(cudaErrorInvalidDevice);  // (another MIG instance's)
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", m.pid, m.fd);
     const int fd = ::open(path, O_RDWR | O_CLOEXEC);

@@ -88,6 +88,9 @@ struct State {
 };
 
 State& state();
+/// FAKE_CUDA_MIG=1: the devices are MIG instances of one GPU: one PCI bus id, UUIDs of their own, no
+/// peer access between them, and no CUDA IPC from one instance's memory into another.
+bool mig();
 // Per-thread current device and last error, in pthread keys rather than thread_local: the dynamic
 // TLS of a dlopen'ed library crashed LeakSanitizer's tracer (GCC 12, glibc 2.36).
 int current_device();
