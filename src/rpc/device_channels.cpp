@@ -1,9 +1,11 @@
-// The agent's device channels: stream ordering, staging (cuda_basic), outboxes (cuda_ipc), landing.
+// The agent's device channels: offers, stream ordering, staging (cuda_basic) and outboxes (cuda_ipc)
+// on the sending side; the receiving side is in device_landing.cpp.
 #include "rpc/device_channels.hpp"
 
 #include <tensorplay/core/log.hpp>
 
 #include "rpc/device_outbox.hpp"
+#include "rpc/device_peer.hpp"
 #include "rpc/device_staging.hpp"
 #include "core/asio_compat.hpp"
 #include "transport/channel.hpp"
@@ -20,24 +22,6 @@
 #include <set>
 
 namespace tensorplay::detail {
-
-/// What this agent knows of one connection's peer for cuda_ipc: its offer's devices, the outboxes
-/// and events of theirs it opened (receiving), and which of its devices ours can reach (sending).
-struct PeerDevices {
-    bool decoded = false;
-    std::optional<Error> bad;  ///< its offer did not decode, or names this process
-    std::vector<IpcDeviceParams> devices;
-    std::map<std::pair<int, int>, std::shared_ptr<Storage>> memory;  ///< (its index, our index)
-    std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
-    std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
-    std::map<std::pair<int, int>, Error> refused;                     ///< (its index, our index): opening failed
-
-    const IpcDeviceParams* device(int index) const {
-        for (const auto& d : devices)
-            if (d.index == index) return &d;
-        return nullptr;
-    }
-};
 
 bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept {
     for (const auto& t : tensors)
@@ -185,24 +169,13 @@ Result<tensorplay::Stream> copy_stream(DeviceBackend& b, Device d, const std::ve
     return s;
 }
 
-/// Releases the peer's hold `hold` once `copied` (the frame's copies out of its outbox) is
-/// complete: awaited, not a host function on the stream (which could outlive the agent's event
-/// loop); cancelled with the agent, when the connection goes anyway.
-Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, std::uint64_t hold) {
-    auto done = co_await b.wait(std::move(copied));
-    (void)done;  // (a device error: the copies are over either way)
-    if (auto c = conn.lock()) release_hold(*c, hold);
-}
-
 }  // namespace
 
-namespace {
 DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
     for (auto& s : v)
         if (s.stream.device == d) return &s;
     return nullptr;
 }
-}  // namespace
 
 Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                           const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
@@ -379,171 +352,6 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     co_return out;
 }
 
-Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame,
-                                                    std::vector<tensorplay::Stream>& streams, Deliver later) {
-    // (The streams the frame's sinks queued its chunked tensors' arrival on are its streams there.)
-    std::vector<tensorplay::Stream> arrived;
-    if (auto a = arriving_.find(conn.get()); a != arriving_.end()) {
-        arrived = std::move(a->second);
-        arriving_.erase(a);
-    }
-    if (frame.device_hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
-        return Landed::now;  // (CPU tensors only: nothing to land)
-    std::vector<DeviceStream> used;
-    used.reserve(frame.tensors.size());  // (pointers into it stay valid)
-    auto stream_on = [&](Device d) -> Result<DeviceStream*> {
-        if (DeviceStream* ds = find_stream(used, d)) return ds;
-        auto b = backend_for(d);
-        if (!b) return fail(std::move(b).error());
-        auto a = std::find_if(arrived.begin(), arrived.end(), [d](const tensorplay::Stream& s) { return s.device == d; });
-        auto s = a != arrived.end() ? Result<tensorplay::Stream>(*a) : (*b)->acquire_stream(d);
-        if (!s) return fail(std::move(s).error());
-        used.push_back(DeviceStream{*b, *s});
-        streams.push_back(*s);
-        return &used.back();
-    };
-    std::vector<std::shared_ptr<RingLanding>> rings;
-    std::vector<RefCopy> copies;
-    auto landed = [&]() -> Result<void> {
-        if (frame.alloc_error) return ok();  // (the frame fails as it is: nothing to land)
-        for (std::size_t i = 0; i < frame.tensors.size() && i < frame.targets.size(); ++i) {
-            const Device target = frame.targets[i];
-            Tensor& t = frame.tensors[i];
-            if (target.is_cpu() || !t.defined()) continue;
-            auto ds = stream_on(target);
-            if (!ds) return fail(std::move(ds).error());
-            if (t.device() == target) continue;  // (received in place: host-addressable memory)
-            // Staged by our allocator in host memory: up to the device on the frame's stream.
-            DeviceBackend& b = *(*ds)->backend;
-            auto dst = b.allocate_on((*ds)->stream, t.nbytes());
-            if (!dst) return fail(std::move(dst).error());
-            auto up = Tensor::wrap(*dst, t.dtype(), t.shape());
-            if (!up) return fail(std::move(up).error());
-            if (auto c = b.copy_async((*ds)->stream, (*dst)->data(), t.data(), t.nbytes(), t.storage()); !c) return c;
-            t = std::move(*up);
-            ++stats_.staged_received;
-        }
-        if (frame.device_refs.empty()) return ok();
-        return land_refs(conn, frame, stream_on, rings, copies);
-    }();
-    // Copies out of the peer's outbox whose events are complete already are queued now (the common
-    // case: the frame took longer to come than the peer's copy into its outbox); otherwise the host
-    // waits for them (gate), never a stream of ours.
-    const bool gated = landed && std::any_of(copies.begin(), copies.end(), [](const RefCopy& c) { return !c.event.ready(); });
-    if (landed && !gated) landed = queue_ref_copies(copies);
-    if (landed && (gated || !rings.empty())) {
-        // The frame waits (its hold with it) for its gate and its rings' chunks; each copied-out
-        // chunk whose slot a later one uses is said "free" once its copy ran.
-        auto pending = std::make_shared<PendingFrame>();
-        pending->rings = static_cast<int>(rings.size());
-        pending->gates = gated ? 1 : 0;
-        pending->deliver = std::move(later);
-        pending->frame = std::move(frame);
-        pending->streams = std::move(streams);
-        pending->used = std::move(used);
-        for (auto& l : rings) {
-            l->frame = pending;
-            landing_[RingKey{conn.get(), l->device, l->offset}] = l;
-        }
-        if (gated) spawn_(gate(conn, pending, std::move(copies), alive_));
-        for (auto& l : rings) drain(conn, l);
-        return Landed::later;
-    }
-    if (frame.device_hold != 0) release_when_copied(conn, used, frame.device_hold);
-    if (!landed) return fail(std::move(landed).error());
-    return Landed::now;
-}
-
-Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
-                                       const std::function<Result<DeviceStream*>(Device)>& stream_on,
-                                       std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies) {
-    PeerDevices& p = peer_of(*conn);
-    if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
-    for (const auto& ref : frame.device_refs) {
-        const TensorDesc& desc = ref.desc;
-        auto r = decode_ipc_ref(ref.ref);
-        if (!r) return fail(std::move(r).error());
-        const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
-        // (A ring: the tensor is larger than it, and it lies in the outbox.)
-        const std::uint64_t len = theirs && r->chunked ? theirs->chunk * theirs->ring : desc.nbytes;
-        if (!theirs || !theirs->outbox || r->event >= static_cast<int>(theirs->events.size()) || r->offset > theirs->size ||
-            len > theirs->size - r->offset)
-            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names " + std::to_string(len) +
-                                                  " bytes at " + std::to_string(r->offset) + (r->chunked ? " (a ring, event " : " (event ") +
-                                                  std::to_string(r->event) + ") of an outbox on " + desc.source.str() +
-                                                  " that its offer does not have");
-        if (r->chunked && desc.nbytes <= len)
-            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " of " + std::to_string(desc.nbytes) +
-                                                  " bytes comes through a ring of " + std::to_string(len) + " bytes, which it fits whole");
-        const RingKey key{conn.get(), theirs->index, r->offset};
-        if (r->chunked && (landing_.count(key) || std::any_of(rings.begin(), rings.end(), [&](const auto& l) {
-                               return l->device == theirs->index && l->offset == r->offset;
-                           })))
-            return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names the ring at " +
-                                                  std::to_string(r->offset) + " of " + desc.source.str() +
-                                                  ", which another tensor still uses");
-        if (auto no = p.refused.find({theirs->index, desc.target.index}); no != p.refused.end()) return fail(no->second);
-        auto ds = stream_on(desc.target);
-        if (!ds) return fail(std::move(ds).error());
-        DeviceBackend& b = *(*ds)->backend;
-        auto& memory = p.memory[{theirs->index, desc.target.index}];
-        if (!memory) {
-            auto m = b.open_memory(desc.target, theirs->memory, theirs->size);
-            if (!m)
-                return fail(refuse(conn, p, theirs->index, desc.target,
-                                   std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str())));
-            memory = std::move(*m);
-        }
-        auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
-        if (!ev.state()) {
-            auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
-            if (!e)
-                return fail(refuse(conn, p, theirs->index, desc.target,
-                                   std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str())));
-            ev = std::move(*e);
-        }
-        auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
-        if (!dst) return fail(std::move(dst).error());
-        auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
-        if (!t) return fail(std::move(t).error());
-        if (!r->chunked) {
-            copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory, ev});
-        } else {
-            // Its first chunks are in the ring already (the event above orders after them): they wait
-            // for it like the chunks announced later.
-            auto l = std::make_shared<RingLanding>();
-            l->backend = &b;
-            l->stream = (*ds)->stream;
-            l->memory = memory;
-            l->event = ev;
-            l->dst = (*dst)->data();
-            l->device = theirs->index;
-            l->offset = r->offset;
-            l->nbytes = desc.nbytes;
-            l->chunk = static_cast<std::size_t>(theirs->chunk);
-            l->ring = theirs->ring;
-            l->chunks = static_cast<std::uint32_t>((desc.nbytes + l->chunk - 1) / l->chunk);
-            l->arrived.assign(l->chunks, false);
-            for (std::uint32_t j = 0; j < l->ring; ++j) l->waiting.push_back(j);
-            rings.push_back(std::move(l));
-            ++stats_.ring_received;
-        }
-        frame.tensors[ref.index] = std::move(*t);
-        (*ds)->from_peer = true;
-        ++stats_.ipc_received;
-    }
-    return ok();
-}
-
-Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
-    Error e = std::move(why).context("cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name + "\" to " +
-                                     target.str() + " is off from now on (its tensors are staged, as cuda_basic does)");
-    p.refused.emplace(std::make_pair(source, target.index), e);
-    log(LogLevel::warn, "rpc", e.message());
-    send_ring_notice(*conn, kIpcRefused, RingNotice{source, static_cast<std::uint64_t>(target.index), 0});
-    return e;
-}
-
 Task<bool> DeviceChannels::quiesce(std::chrono::steady_clock::duration limit) {
     auto alive = std::weak_ptr<void>(alive_);
     const auto until = std::chrono::steady_clock::now() + limit;
@@ -567,65 +375,5 @@ Result<void> DeviceChannels::refused_by_peer(const Connection& conn, const RingN
     return ok();
 }
 
-Result<void> DeviceChannels::queue_ref_copies(const std::vector<RefCopy>& copies) {
-    for (const auto& c : copies)
-        if (auto r = c.backend->copy_async(c.stream, c.dst, c.src, c.n, c.memory); !r) return r;
-    return ok();
-}
-
-Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<PendingFrame> frame, std::vector<RefCopy> copies,
-                                std::weak_ptr<void> alive) {
-    const EventState* last = nullptr;
-    for (const auto& c : copies) {
-        if (c.event.state().get() == last) continue;  // (tensors of one outbox event: one wait)
-        last = c.event.state().get();
-        auto seen = co_await host_wait(*c.backend, c.event, weak);
-        if (alive.expired()) co_return;
-        if (!seen) {
-            if (auto conn = weak.lock(); conn && seen.error().code() != Errc::connection_lost)
-                conn->close(std::move(seen).error().context("waiting for a cuda_ipc event of " + c.stream.device.str() + "'s peer"));
-            co_return;  // (the frame goes with its connection)
-        }
-    }
-    auto conn = weak.lock();
-    if (!conn || !conn->is_open()) co_return;
-    if (auto q = queue_ref_copies(copies); !q) {
-        conn->close(std::move(q).error().context("copying cuda_ipc tensors out of the peer's outbox"));
-        co_return;
-    }
-    frame->gates = 0;
-    finish_if_whole(conn, frame);
-}
-
-void DeviceChannels::finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame) {
-    if (frame->rings > 0 || frame->gates > 0 || !frame->deliver) return;
-    if (frame->frame.device_hold != 0) release_when_copied(conn, frame->used, frame->frame.device_hold);
-    auto deliver = std::move(frame->deliver);
-    frame->deliver = nullptr;
-    deliver(std::move(frame->frame), std::move(frame->streams));
-}
-
-// The hold goes back once every copy out of the peer's outbox has run: one stream waits for the
-// others, and a coroutine of the agent's awaits an event after them. (After a failure too: the
-// frame is dropped, so what its copies read no longer matters.)
-void DeviceChannels::release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used,
-                                         std::uint64_t hold) {
-    DeviceStream* last = nullptr;
-    for (auto& ds : used) {
-        if (!ds.from_peer) continue;
-        if (!last) {
-            last = &ds;
-        } else if (auto ev = ds.backend->record_event(ds.stream)) {
-            (void)last->backend->wait_event(last->stream, *ev);
-        }
-    }
-    if (last) {
-        if (auto ev = last->backend->record_event(last->stream)) {
-            spawn_(release_after(*last->backend, *ev, conn, hold));
-            return;
-        }
-    }
-    release_hold(*conn, hold);  // (nothing was copied out, or the device failed)
-}
 
 }  // namespace tensorplay::detail

@@ -1,0 +1,38 @@
+// Private to the device channels' files: what an agent knows of one connection's peer for
+// cuda_ipc, and the per-device stream lookup both sides use.
+#pragma once
+
+#include "rpc/device_outbox.hpp"
+#include "rpc/device_rings.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace tensorplay::detail {
+
+/// What this agent knows of one connection's peer for cuda_ipc: its offer's devices, the outboxes
+/// and events of theirs it opened (receiving), and which of its devices ours can reach (sending).
+struct PeerDevices {
+    bool decoded = false;
+    std::optional<Error> bad;  ///< its offer did not decode, or names this process
+    std::vector<IpcDeviceParams> devices;
+    std::map<std::pair<int, int>, std::shared_ptr<Storage>> memory;  ///< (its index, our index)
+    std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
+    std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
+    std::map<std::pair<int, int>, Error> refused;                     ///< (its index, our index): opening failed
+
+    const IpcDeviceParams* device(int index) const {
+        for (const auto& d : devices)
+            if (d.index == index) return &d;
+        return nullptr;
+    }
+};
+
+/// The entry of `d` in `v`, or null.
+[[nodiscard]] DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d);
+
+}  // namespace tensorplay::detail
