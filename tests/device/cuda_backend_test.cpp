@@ -563,6 +563,17 @@ TEST_CASE("ipc memory child", "[.ipc_mem_child]") {
     auto& b = cuda();
     auto s = b.acquire_stream(Device::cuda(0));
     REQUIRE(s);
+    {
+        // As the runtime: a second open in this context is the same mapping, counted; the backend's
+        // storages of it each close their own open, and the first stays usable.
+        auto again = b.open_memory(Device::cuda(0), h, 4096);
+        REQUIRE(again);
+        CHECK((*again)->data() == p);
+        auto third = b.open_memory(Device::cuda(0), h, 4096);
+        REQUIRE(third);
+        CHECK((*third)->data() == p);
+    }
+    CHECK(fake().live_imports() == 1);
     std::vector<std::uint8_t> got(4096), mine = pattern(4096, 2);
     REQUIRE(b.copy_async(*s, got.data(), static_cast<std::uint8_t*>(p), got.size()));
     REQUIRE(b.copy_async(*s, static_cast<std::uint8_t*>(p), mine.data(), mine.size()));

@@ -141,6 +141,16 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned f
     // As on a GPU: memory cannot be opened in the process that exported it.
     if (m.pid == static_cast<std::int32_t>(::getpid())) return set_error(cudaErrorDeviceUninitialized);
     if (mig() && m.device != current_device()) return set_error(cudaErrorInvalidDevice);  // (another MIG instance's)
+    {
+        // As the runtime does: the same memory opened again in this context is the same mapping.
+        std::lock_guard lock(state().mutex);
+        for (auto& [at, imp] : state().imported)
+            if (imp.pid == m.pid && imp.fd == m.fd && imp.offset == m.offset && imp.device == current_device()) {
+                ++imp.opens;
+                *p = const_cast<std::uint8_t*>(at);
+                return cudaSuccess;
+            }
+    }
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", m.pid, m.fd);
     const int fd = ::open(path, O_RDWR | O_CLOEXEC);
@@ -152,7 +162,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned f
     if (map == MAP_FAILED) return set_error(cudaErrorMemoryAllocation);
     auto* at = static_cast<std::uint8_t*>(map) + (m.offset - start);
     std::lock_guard lock(state().mutex);
-    state().imported[at] = Imported{m.size, current_device(), map, len};
+    state().imported[at] = Imported{m.size, current_device(), map, len, m.pid, m.fd, m.offset, 1};
     *p = at;
     return cudaSuccess;
 }
@@ -163,6 +173,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     auto it = state().imported.find(static_cast<std::uint8_t*>(p));
     if (it == state().imported.end()) return set_error(cudaErrorInvalidValue);
     check_current(it->second.device);
+    if (--it->second.opens > 0) return cudaSuccess;  // (another open of it still uses the mapping)
     ::munmap(it->second.map, it->second.map_len);
     state().imported.erase(it);
     return cudaSuccess;

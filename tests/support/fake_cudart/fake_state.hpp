@@ -60,6 +60,9 @@ struct Imported {
     int device;
     void* map;
     std::size_t map_len;
+    std::int32_t pid = 0, fd = -1;  ///< the exporter's memfd and where in it (what a second open matches)
+    std::uint64_t offset = 0;
+    int opens = 1;  ///< a second open of the same memory in this process returns the same pointer, counted
 };
 
 struct Device {
