@@ -56,6 +56,15 @@ Task<Result<void>> wait_then_compare(DeviceBackend& b, const Event& e, const std
     co_return r;
 }
 
+/// Two distinct pooled streams of cuda:0.
+std::pair<Stream, Stream> two_streams(DeviceBackend& b) {
+    auto x = b.acquire_stream(Device::cuda(0));
+    auto y = b.acquire_stream(Device::cuda(0));
+    REQUIRE(x);
+    REQUIRE(y);
+    REQUIRE_FALSE(*x == *y);
+    return {*x, *y};
+}
 void sync(DeviceBackend& b, Stream s) {
     run_with_deadline(10s, [&]() -> Task<void> {
         auto r = co_await b.synchronize(s);
@@ -301,26 +310,22 @@ TEST_CASE("a stream waiting on another stream's event sees its copy; without the
     const std::size_t n = 64 << 10;
     const auto src = pattern(n, 3);
     auto run = [&](bool with_wait) {
-        auto a = b.acquire_stream(Device::cuda(0));
-        auto c = b.acquire_stream(Device::cuda(0));
-        REQUIRE(a);
-        REQUIRE(c);
-        REQUIRE_FALSE(*a == *c);
-        auto mid = b.allocate_on(*a, n);
+        const auto [a, c] = two_streams(b);
+        auto mid = b.allocate_on(a, n);
         REQUIRE(mid);
         std::vector<std::uint8_t> zeros(n, 0), out(n, 1);
-        REQUIRE(b.copy_async(*a, (*mid)->data(), zeros.data(), n));
-        sync(b, *a);
-        fake().set_stream_delay(*b.native_stream(*a), 30000);  // a is slow: 30 ms per op
-        REQUIRE(b.copy_async(*a, (*mid)->data(), src.data(), n));
-        auto ev = b.record_event(*a);
+        REQUIRE(b.copy_async(a, (*mid)->data(), zeros.data(), n));
+        sync(b, a);
+        fake().set_stream_delay(*b.native_stream(a), 30000);  // a is slow: 30 ms per op
+        REQUIRE(b.copy_async(a, (*mid)->data(), src.data(), n));
+        auto ev = b.record_event(a);
         REQUIRE(ev);
-        if (with_wait) REQUIRE(b.wait_event(*c, *ev));
-        REQUIRE(b.copy_async(*c, out.data(), (*mid)->data(), n));
-        sync(b, *c);
+        if (with_wait) REQUIRE(b.wait_event(c, *ev));
+        REQUIRE(b.copy_async(c, out.data(), (*mid)->data(), n));
+        sync(b, c);
         const bool saw = out == src;
-        sync(b, *a);
-        fake().set_stream_delay(*b.native_stream(*a), 0);
+        sync(b, a);
+        fake().set_stream_delay(*b.native_stream(a), 0);
         return saw;
     };
     CHECK(run(true));
@@ -336,34 +341,30 @@ TEST_CASE("record_stream: memory read on another stream is reused only after tha
     const std::size_t n = 64 << 10;
     const auto first = pattern(n, 5), second = pattern(n, 9);
     auto run = [&](bool record) {
-        auto own = b.acquire_stream(Device::cuda(0));
-        auto reader = b.acquire_stream(Device::cuda(0));
-        REQUIRE(own);
-        REQUIRE(reader);
-        REQUIRE_FALSE(*own == *reader);
+        const auto [own, reader] = two_streams(b);
         std::vector<std::uint8_t> out(n, 0);
         const std::uint8_t* old = nullptr;
         {
-            auto mem = b.allocate_on(*own, n);
+            auto mem = b.allocate_on(own, n);
             REQUIRE(mem);
             old = (*mem)->data();
-            REQUIRE(b.copy_async(*own, (*mem)->data(), first.data(), n));
-            sync(b, *own);
-            fake().set_stream_delay(*b.native_stream(*reader), 30000);  // the reader is slow: 30 ms per op
-            REQUIRE(b.copy_async(*reader, out.data(), (*mem)->data(), n));
+            REQUIRE(b.copy_async(own, (*mem)->data(), first.data(), n));
+            sync(b, own);
+            fake().set_stream_delay(*b.native_stream(reader), 30000);  // the reader is slow: 30 ms per op
+            REQUIRE(b.copy_async(reader, out.data(), (*mem)->data(), n));
             if (record) {
                 auto t = Tensor::wrap(*mem, DType::uint8, {static_cast<std::int64_t>(n)});
                 REQUIRE(t);
-                REQUIRE(t->record_stream(*reader));
+                REQUIRE(t->record_stream(reader));
             }
         }  // the last reference goes: freed on `own`
-        auto next = b.allocate_on(*own, n);
+        auto next = b.allocate_on(own, n);
         REQUIRE(next);
         const bool reused = (*next)->data() == old;
-        REQUIRE(b.copy_async(*own, (*next)->data(), second.data(), n));
-        sync(b, *own);
-        sync(b, *reader);
-        fake().set_stream_delay(*b.native_stream(*reader), 0);
+        REQUIRE(b.copy_async(own, (*next)->data(), second.data(), n));
+        sync(b, own);
+        sync(b, reader);
+        fake().set_stream_delay(*b.native_stream(reader), 0);
         CHECK(reused == !record);  // (recorded: the block was still held when `next` was made)
         return out == first;
     };

@@ -84,14 +84,15 @@ inline Task<Result<void>> wait_for(DeviceBackend& b, const Event& event) {
 class StreamHold {
 public:
     StreamHold(DeviceBackend& b, Stream s) : flag_(std::make_shared<std::atomic<bool>>(false)) {
-        REQUIRE(b.enqueue_host(s, [f = flag_] {
-            while (!f->load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }));
+        REQUIRE(b.enqueue_host(s, [f = flag_] { f->wait(false); }));
     }
     ~StreamHold() { release(); }
     StreamHold(const StreamHold&) = delete;
     StreamHold& operator=(const StreamHold&) = delete;
-    void release() { flag_->store(true); }
+    void release() {
+        flag_->store(true);
+        flag_->notify_all();
+    }
 
 private:
     std::shared_ptr<std::atomic<bool>> flag_;

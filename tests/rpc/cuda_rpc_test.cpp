@@ -88,6 +88,18 @@ Result<void> serve(RpcAgent& a) {
     });
 }
 
+/// worker1's part: serves, says so, and once `key` is set shuts down (gracefully: after every
+/// worker stopped calling).
+Task<int> serve_until(RpcAgent& a, const std::shared_ptr<Store>& st, std::string key, bool graceful) {
+    if (!serve(a)) co_return 13;
+    const Bytes one = bytes("1");
+    if (!co_await st->set("test/serving", one)) co_return 14;
+    std::vector<std::string> keys{std::move(key)};
+    if (!co_await st->wait(std::move(keys), 60s)) co_return 15;
+    auto down = co_await a.shutdown(graceful, graceful ? 20 : 5);
+    co_return down ? 0 : 16;
+}
+
 /// One round trip of `n`-byte tensors on cuda:0 and (with two devices) cuda:1 through echo: the
 /// reply's tensors come back on the devices they left, with the bytes they left with.
 Task<bool> echo_round(RpcAgent& a, const Child& c, std::size_t n, int seed, bool delay_producer) {
@@ -481,15 +493,6 @@ Task<int> teardown_caller(detail::NativeAgent& a, const std::shared_ptr<Store>& 
     co_return 0;
 }
 
-Task<int> teardown_server(detail::NativeAgent& a, const std::shared_ptr<Store>& st) {
-    if (!serve(a)) co_return 110;
-    const Bytes one = bytes("1");
-    if (!co_await st->set("test/serving", one)) co_return 111;
-    std::vector<std::string> called{"test/called"};
-    if (!co_await st->wait(std::move(called), 30s)) co_return 112;
-    auto down = co_await a.shutdown(true, 20);
-    co_return down ? 0 : 113;
-}
 
 // Issue 34, item 4: a sender whose copy into its outbox never runs (its producer stream is held by
 // a host function for a minute), then dies. The receiver must not have queued anything of its own
@@ -587,17 +590,12 @@ Task<int> worker(Child c) {
         co_return co_await std::move(t);
     }
     if (c.scenario == Scenario::teardown) {
-        auto t = c.rank == 0 ? teardown_caller(a, st, c) : teardown_server(a, st);
+        auto t = c.rank == 0 ? teardown_caller(a, st, c) : serve_until(a, st, "test/called", true);
         co_return co_await std::move(t);
     }
     if (c.rank == 1) {
-        if (!serve(a)) co_return 13;
-        const Bytes one = bytes("1");
-        if (!co_await st->set("test/serving", one)) co_return 14;
-        std::vector<std::string> keys{"test/done"};
-        if (!co_await st->wait(std::move(keys), 60s)) co_return 15;
-        auto s = co_await a.shutdown(false, 5);
-        co_return s ? 0 : 16;
+        auto t = serve_until(a, st, "test/done", false);
+        co_return co_await std::move(t);
     }
     std::vector<std::string> keys{"test/serving"};
     if (!co_await st->wait(std::move(keys), 30s)) co_return 17;

@@ -175,22 +175,9 @@ cudaError_t heap_alloc(int device, std::size_t n, void** out, const void* prefer
     return cudaErrorMemoryAllocation;
 }
 
-// cudaMalloc'd (IPC-exportable) memory is overwritten (0xdd) when freed: another process's copy out
-// of it that the exporter did not wait for reads garbage, as it may on a GPU, where the freed memory
-// goes back to the device.
-void poison_exported(void* p) {
-    auto& s = state();
-    std::lock_guard lock(s.mutex);
-    for (auto& d : s.devices) {
-        auto& h = d.heap;
-        if (h.base == nullptr || p < h.base || p >= h.base + h.size) continue;
-        const auto off = static_cast<std::size_t>(static_cast<std::uint8_t*>(p) - h.base);
-        auto it = h.live.find(off);
-        if (it != h.live.end() && h.plain.count(off)) std::memset(h.base + off, 0xdd, it->second);
-    }
-}
-
-// Returns false for a pointer that is not the start of a live allocation.
+// Returns false for a pointer that is not the start of a live allocation. cudaMalloc'd
+// (IPC-exportable) memory is overwritten (0xdd): another process's copy out of it that the exporter
+// did not wait for reads garbage, as it may on a GPU, where the freed memory goes back to the device.
 bool heap_free(void* p) {
     auto& s = state();
     std::lock_guard lock(s.mutex);
@@ -201,6 +188,7 @@ bool heap_free(void* p) {
         auto it = h.live.find(off);
         if (it == h.live.end()) return false;
         std::size_t len = it->second;
+        if (h.plain.count(off)) std::memset(h.base + off, 0xdd, len);
         h.live.erase(it);
         h.plain.erase(off);
         h.used -= len;
@@ -548,7 +536,6 @@ cudaError_t cudaFree(void* p) {
     if (const int d = device_of(p, 0); d >= 0) check_current(d);
     // As on a GPU: cudaFree waits for all work of the device first.
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
-    poison_exported(p);
     return heap_free(p) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
