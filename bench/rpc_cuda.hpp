@@ -1,12 +1,14 @@
 // rpc_bench --device cuda: echo of GPU tensors between two worker processes on one GPU over
-// cuda_ipc and over cuda_basic, beside plain device-to-device copies and pinned device-to-host +
+// cuda_ipc (one copy, out of the sender's pool), cuda_ipc through its outbox only (two copies:
+// TP_CUDA_IPC_ONE_COPY_MIN past any size, key outbox_) and cuda_basic, beside plain device-to-device copies and pinned device-to-host +
 // host-to-device copies of the same sizes, measured in the same run (each in its own process: a
 // process that initialised CUDA cannot use it in children it forks).
 //
 // Figures: gbps_<size> of an echo count both directions (2 x size over its round trip); the plain
 // d2d_gbps_<size> is one cudaMemcpyAsync device to device of `size` over its time; pinned_gbps is
 // `size` over the time of a device-to-host plus a host-to-device copy through pinned memory.
-// ratio.ipc_<size> = the ipc echo's GB/s over d2d's, ratio.basic_<size> = cuda_basic's over
+// ratio.ipc_<size> = the ipc echo's GB/s over d2d's (outbox_<size> the same through the outbox),
+// ratio.basic_<size> = cuda_basic's over
 // pinned's. p50_us_4kib: the median round trip of a 4 KiB tensor. Exits 77 without a device; with
 // TP_CUDART naming the fake runtime (a test double) the figures only show that it runs.
 #pragma once
@@ -151,7 +153,7 @@ inline Task<int> caller(std::string channel, std::uint16_t port, Sizes sz, const
         co_return 1;
     }
     auto& be = **backend_for(Device::cuda(0));
-    const std::string key = channel == "cuda_ipc" ? "ipc_" : "basic_";
+    const std::string key = channel == "cuda_basic" ? "basic_" : std::getenv("TP_CUDA_IPC_ONE_COPY_MIN") ? "outbox_" : "ipc_";
     auto small = co_await echoes(**agent, be, 4096, sz.small_iters);
     if (small.empty()) co_return 1;
     out.put(key + "p50_us_4kib", percentile(small, 50) * 1e6);
@@ -184,7 +186,11 @@ inline int run(bool quick) {
     }
     ResultPipe out;
     bool ok = reap(spawn([&] { return run_loop([&] { return plain_copies(sz, out); }, std::chrono::seconds(600)); }));
-    for (const std::string channel : {"cuda_ipc", "cuda_basic"}) {
+    for (const std::string variant : {"cuda_ipc", "cuda_ipc/outbox", "cuda_basic"}) {
+        // (The outbox run's processes send every tensor through the outbox.)
+        const std::string channel = variant == "cuda_basic" ? variant : "cuda_ipc";
+        if (variant == "cuda_ipc/outbox") ::setenv("TP_CUDA_IPC_ONE_COPY_MIN", "18446744073709551615", 1);
+        else ::unsetenv("TP_CUDA_IPC_ONE_COPY_MIN");
         int p[2];
         if (::pipe(p) != 0) return 2;
         const pid_t callee_pid = spawn([&] { return run_loop([&] { return callee(channel, p[1]); }, std::chrono::seconds(900)); });
@@ -207,8 +213,9 @@ inline int run(bool quick) {
         auto ratio = [&](const std::string& a, const std::string& b) {
             return r.count(a) && r.count(b) && r[b] > 0 ? r[a] / r[b] : -1.0;
         };
-        std::printf("%s\n    \"ipc_%s_vs_d2d\": %.3f,\n    \"basic_%s_vs_pinned\": %.3f", first ? "" : ",", l.c_str(),
-                    ratio("ipc_gbps_" + l, "d2d_gbps_" + l), l.c_str(), ratio("basic_gbps_" + l, "pinned_gbps_" + l));
+        std::printf("%s\n    \"ipc_%s_vs_d2d\": %.3f,\n    \"outbox_%s_vs_d2d\": %.3f,\n    \"basic_%s_vs_pinned\": %.3f",
+                    first ? "" : ",", l.c_str(), ratio("ipc_gbps_" + l, "d2d_gbps_" + l), l.c_str(),
+                    ratio("outbox_gbps_" + l, "d2d_gbps_" + l), l.c_str(), ratio("basic_gbps_" + l, "pinned_gbps_" + l));
         first = false;
     }
     std::printf("\n  },\n  \"ok\": %s\n}\n", ok ? "true" : "false");

@@ -187,6 +187,12 @@ Result<std::shared_ptr<Storage>> DeviceBackend::open_memory(Device, const IpcHan
 }
 Result<bool> DeviceBackend::can_access_peer(Device device, Device peer) { return device == peer; }
 Result<std::pair<Event, IpcHandle>> DeviceBackend::create_ipc_event(Device) { return unsupported(*this, "create_ipc_event"); }
+Result<int> DeviceBackend::export_pool(Device) { return unsupported(*this, "export_pool"); }
+Result<IpcHandle> DeviceBackend::export_pointer(Storage&) { return unsupported(*this, "export_pointer"); }
+Result<std::shared_ptr<ImportedPool>> DeviceBackend::import_pool(Device, int) { return unsupported(*this, "import_pool"); }
+Result<std::shared_ptr<Storage>> DeviceBackend::import_pointer(ImportedPool&, Stream, const IpcHandle&) {
+    return unsupported(*this, "import_pointer");
+}
 Result<void> DeviceBackend::record_again(Stream, const Event&) { return unsupported(*this, "record_again"); }
 
 #if !TP_HAS_CUDA

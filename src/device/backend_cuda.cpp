@@ -5,6 +5,7 @@
 
 #include "core/first_fit.hpp"
 #include "device/cuda_device.hpp"
+#include "device/cuda_pool_ipc.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -43,6 +44,7 @@ public:
     Device device() const noexcept override { return Device::cuda(dev_->index()); }
     std::uint8_t* data() noexcept override { return data_; }
     std::size_t size() const noexcept override { return size_; }
+    CudaDevice& cuda_device() const noexcept { return *dev_; }
 
 private:
     // Makes `own` (where the free goes) wait for the work queued on stream `id` so far. The event goes
@@ -382,6 +384,33 @@ public:
         if (auto e = d.api().cudaDeviceCanAccessPeer(&can, d.index(), (*other)->index()); e != cudaSuccess)
             return fail(d.failure("cudaDeviceCanAccessPeer", e).context("peer cuda:" + std::to_string((*other)->index())));
         return can != 0;
+    }
+
+    Result<int> export_pool(Device device) override {
+        auto dev = device_of(device, "export_pool");
+        if (!dev) return fail(std::move(dev).error());
+        return export_cuda_pool(**dev);
+    }
+
+    Result<IpcHandle> export_pointer(Storage& storage) override {
+        auto* st = dynamic_cast<CudaStorage*>(&storage);
+        if (st == nullptr || st->data() == nullptr || !st->cuda_device().pool_exportable())
+            return fail(Errc::invalid_argument, "cuda backend: export_pointer of " + storage.device().str() +
+                                                    " storage that is not from an IPC-capable pool of this backend");
+        if (auto s = st->cuda_device().sticky()) return fail(*s);
+        return export_cuda_pointer(st->cuda_device(), st->data());
+    }
+
+    Result<std::shared_ptr<ImportedPool>> import_pool(Device device, int fd) override {
+        auto dev = device_of(device, "import_pool");
+        if (!dev) return fail(std::move(dev).error());
+        return import_cuda_pool(*dev, fd);
+    }
+
+    Result<std::shared_ptr<Storage>> import_pointer(ImportedPool& pool, Stream stream, const IpcHandle& handle) override {
+        auto dev = stream_device(stream, "import_pointer");
+        if (!dev) return fail(std::move(dev).error());
+        return import_cuda_pointer(pool, *dev, stream.id, handle);
     }
 
     Result<std::pair<Event, IpcHandle>> create_ipc_event(Device device) override {

@@ -76,6 +76,8 @@ Result<std::shared_ptr<const CudaApi>> load_cuda_api(const std::string& path) {
         api->cuCtxGetCurrent = reinterpret_cast<int (*)(void**)>(::dlsym(driver, "cuCtxGetCurrent"));
         api->cuDeviceTotalMem = reinterpret_cast<int (*)(std::size_t*, int)>(::dlsym(driver, "cuDeviceTotalMem_v2"));
         api->cuDeviceGetUuid = reinterpret_cast<int (*)(unsigned char*, int)>(::dlsym(driver, "cuDeviceGetUuid_v2"));
+        api->cuMemGetAddressRange = reinterpret_cast<int (*)(unsigned long long*, std::size_t*, unsigned long long)>(
+            ::dlsym(driver, "cuMemGetAddressRange_v2"));
     }
     std::shared_ptr<const CudaApi> result = std::move(api);
     loaded->emplace(path, result);

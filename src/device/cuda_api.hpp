@@ -27,6 +27,8 @@ struct CudaApi {
     int (*cuCtxGetCurrent)(void** ctx) = nullptr;
     int (*cuDeviceTotalMem)(std::size_t* bytes, int device) = nullptr;
     int (*cuDeviceGetUuid)(unsigned char* uuid16, int device) = nullptr;  ///< (a MIG instance's own, v2)
+    /// The allocation holding a device address (its start and size), v2.
+    int (*cuMemGetAddressRange)(unsigned long long* base, std::size_t* size, unsigned long long ptr) = nullptr;
 
     /// Whether the calling thread has a context current (true when the driver cannot say).
     [[nodiscard]] bool thread_has_context() const noexcept;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace tensorplay::detail {
 
@@ -73,15 +74,30 @@ Result<void> CudaDevice::ready() {
     }
     // A pool of our own, not the device's default one, which other libraries of the process share
     // (and whose settings are theirs to choose).
+    // IPC-capable where the device supports it (cuda_ipc then exports a tensor's own memory: one
+    // copy); TP_CUDA_IPC_POOL=0 opts out.
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = index_;
+    int handle_types = 0;
+    const char* opt = std::getenv("TP_CUDA_IPC_POOL");
+    const bool want_ipc = !(opt != nullptr && opt[0] == '0') &&
+                          api_->cudaDeviceGetAttribute(&handle_types, cudaDevAttrMemoryPoolSupportedHandleTypes, index_) == cudaSuccess &&
+                          (handle_types & cudaMemHandleTypePosixFileDescriptor) != 0;
+    if (want_ipc) props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
     cudaMemPool_t pool = nullptr;
-    if (auto e = api_->cudaMemPoolCreate(&pool, &props); e != cudaSuccess) {
-        undo();
-        return fail(cuda_error(*api_, "cudaMemPoolCreate", index_, e));
+    auto made = api_->cudaMemPoolCreate(&pool, &props);
+    if (made != cudaSuccess && want_ipc) {
+        (void)api_->cudaGetLastError();  // (not sticky: try a pool of this process alone)
+        props.handleTypes = cudaMemHandleTypeNone;
+        made = api_->cudaMemPoolCreate(&pool, &props);
     }
+    if (made != cudaSuccess) {
+        undo();
+        return fail(cuda_error(*api_, "cudaMemPoolCreate", index_, made));
+    }
+    pool_exportable_ = props.handleTypes == cudaMemHandleTypePosixFileDescriptor;
     // Keep freed memory in the pool instead of returning it at every synchronisation: allocation
     // after free is then a pool hit, not a driver call.
     std::uint64_t keep = UINT64_MAX;

@@ -43,6 +43,7 @@ public:
     CudaDevice& operator=(const CudaDevice&) = delete;
 
     [[nodiscard]] const CudaApi& api() const noexcept { return *api_; }
+    [[nodiscard]] const std::shared_ptr<const CudaApi>& api_ptr() const noexcept { return api_; }
     [[nodiscard]] int index() const noexcept { return index_; }
     /// Unique to this object in the process (two backends' objects of one device differ): what
     /// keys the wait groups of its streams, whose sequence numbers are this object's own.
@@ -65,6 +66,9 @@ public:
     /// The CUDA stream of `id` (0: the legacy default stream); valid after ready().
     [[nodiscard]] cudaStream_t stream(std::uint32_t id) const noexcept { return streams_[id]; }
     [[nodiscard]] cudaMemPool_t pool() const noexcept { return pool_; }
+    /// Whether pool() is IPC-capable (POSIX file descriptors): its memory can be exported to other
+    /// processes allocation by allocation (cudaMemPoolExportPointer). Valid after ready().
+    [[nodiscard]] bool pool_exportable() const noexcept { return pool_exportable_; }
     /// Round robin over the pooled streams.
     [[nodiscard]] std::uint32_t next_stream() noexcept;
     /// Records `event` on stream `id` (device current) and returns its sequence number there: events
@@ -89,6 +93,7 @@ private:
     std::mutex record_mutex_;  // a record and its sequence number go together
     std::vector<std::uint64_t> seqs_;
     cudaMemPool_t pool_ = nullptr;
+    bool pool_exportable_ = false;
     std::atomic<std::uint32_t> next_{0};
     std::vector<cudaEvent_t> free_events_;
 };

@@ -8,16 +8,19 @@
 #include "rpc/device_peer.hpp"
 #include "rpc/device_staging.hpp"
 #include "core/asio_compat.hpp"
+#include "core/resume_slot.hpp"
 #include "transport/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/transport.hpp"
 
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <set>
 
@@ -36,11 +39,27 @@ std::size_t default_outbox_bytes() {
         if (end && *end == '\0' && n > 0) return static_cast<std::size_t>(n);
         log(LogLevel::warn, "rpc", "TP_CUDA_IPC_OUTBOX_BYTES=\"" + std::string(v) + "\" is not a positive byte count: ignored");
     }
-    return std::size_t{256} << 20;
+    return std::size_t{64} << 20;  // (tensors of 1 MiB and more of the pool go with one copy, not through it)
 }
 
-DeviceChannels::DeviceChannels(Spawn spawn) : spawn_(std::move(spawn)) {}
-DeviceChannels::~DeviceChannels() = default;
+namespace {
+/// Tensors of at least this many bytes go with one copy (TP_CUDA_IPC_ONE_COPY_MIN, else 1 MiB):
+/// below it, two copies through the outbox cost less than importing the tensor's memory.
+std::size_t one_copy_min_bytes() {
+    if (const char* v = std::getenv("TP_CUDA_IPC_ONE_COPY_MIN"); v && *v) {
+        char* end = nullptr;
+        const auto n = std::strtoull(v, &end, 10);
+        if (end && *end == '\0') return static_cast<std::size_t>(n);
+        log(LogLevel::warn, "rpc", "TP_CUDA_IPC_ONE_COPY_MIN=\"" + std::string(v) + "\" is not a byte count: ignored");
+    }
+    return std::size_t{1} << 20;
+}
+}  // namespace
+
+DeviceChannels::DeviceChannels(Spawn spawn) : spawn_(std::move(spawn)), one_copy_min_(one_copy_min_bytes()) {}
+DeviceChannels::~DeviceChannels() {
+    for (auto [index, fd] : pool_fds_) ::close(fd);
+}
 
 Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, const std::vector<Device>& outbox_devices,
                                                                const std::vector<std::string>& channels, std::size_t outbox_bytes) {
@@ -67,6 +86,13 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
                 if (auto box = Outbox::create(b, d, outbox_bytes); box) {
                     p = (*box)->params();
                     dc->outboxes_[i] = std::move(*box);
+                    // Its pool's descriptor, for peers to take: its tensors then go with one copy.
+                    if (auto fd = b.export_pool(d); fd) {
+                        p.pool_fd = *fd;
+                        dc->pool_fds_[i] = *fd;
+                    } else {
+                        log(LogLevel::debug, "rpc", "cuda_ipc from " + d.str() + " copies through the outbox: " + fd.error().to_string());
+                    }
                 } else {
                     log(LogLevel::warn, "rpc", "cuda_ipc is off for tensors from " + d.str() + ": " + box.error().to_string() +
                                                    "; they go by cuda_basic");
@@ -96,7 +122,10 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
         if (!decoded) p.bad = std::move(decoded).error();
         else if (decoded->pid == ::getpid())  // (one process's agents: its handles do not open here)
             p.bad = Error(Errc::protocol_error, "its cuda_ipc offer names this process");
-        else p.devices = std::move(decoded->devices);
+        else {
+            p.pid = decoded->pid;
+            p.devices = std::move(decoded->devices);
+        }
     }
     return p;
 }
@@ -169,6 +198,23 @@ Result<tensorplay::Stream> copy_stream(DeviceBackend& b, Device d, const std::ve
     return s;
 }
 
+// The outbox event that the frame's work on `ds`'s device is recorded on: the one reserved for that
+// device, else a free one; false when none is free.
+bool frame_event(const std::shared_ptr<Outbox>& box, DeviceStream& ds, OutboxHold& hold, std::map<int, int>& reserved) {
+    if (ds.event >= 0) return true;
+    std::optional<int> k;
+    if (auto r = reserved.find(box->device().index); r != reserved.end()) {
+        k = r->second;
+        reserved.erase(r);
+    } else {
+        k = box->take_event();
+    }
+    if (!k) return false;
+    ds.event = *k;
+    hold.events.emplace_back(box, *k);
+    return true;
+}
+
 }  // namespace
 
 DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
@@ -199,26 +245,29 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
         const std::size_t n = t.nbytes();
         if (ipc_viable(*conn, d, targets[i])) {
             auto& box = outboxes_.at(d.index);
+            // One copy: the peer copies out of the tensor's own memory, which the hold keeps.
+            if (n >= one_copy_min_ && pool_fds_.count(d.index) != 0 && !peer_of(*conn).pool_off[{d.index, targets[i].index}]) {
+                const auto& storage = t.storage();
+                auto data = b.export_pointer(*storage);
+                if (data && frame_event(box, *ds, hold, reserved)) {
+                    const std::uint64_t id = peer_of(*conn).next_export++;
+                    const auto offset = static_cast<std::uint64_t>(t.data() - storage->data());
+                    out.parts.preface.emplace_back(std::string(kIpcExport), encode_pool_export(PoolExport{id, d.index, offset, *data}));
+                    hold.tensors.push_back(t);
+                    out.parts.refs[i] = encode_pool_ref(id, ds->event);
+                    ++stats_.ipc_sent;
+                    ++stats_.pooled_sent;
+                    continue;
+                }
+                // (Not memory of our pool, say a wrapped pointer: through the outbox.)
+            }
             // Larger than a ring: through one, in chunks (device_rings.hpp).
             const bool ring = n > box->ring_bytes();
             const std::size_t len = ring ? box->ring_bytes() : n;
             std::optional<std::size_t> off = box->take_range(len);
-            if (off && ds->event < 0) {
-                auto r = reserved.find(d.index);
-                std::optional<int> k;
-                if (r != reserved.end()) {
-                    k = r->second;
-                    reserved.erase(r);
-                } else {
-                    k = box->take_event();
-                }
-                if (k) {
-                    ds->event = *k;
-                    hold.events.emplace_back(box, *k);
-                } else {
-                    box->give_range(*off, len);
-                    off.reset();
-                }
+            if (off && !frame_event(box, *ds, hold, reserved)) {
+                box->give_range(*off, len);
+                off.reset();
             }
             if (off) {
                 hold.ranges.push_back(OutboxHold::Range{box, *off, len});
@@ -273,6 +322,50 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
         if (auto r = ds.backend->record_again(ds.stream, box->event(ds.event)); !r) return r;
     }
     return ok();
+}
+
+/// The signal of a frame whose tensors the peer reads in place: set (and its waiter woken, on its
+/// executor) when the connection lets go of the frame's hold.
+struct ReleaseWatch {
+    explicit ReleaseWatch(asio::any_io_executor e) : ex(std::move(e)) {}
+    asio::any_io_executor ex;
+    ResumeSlot slot;
+    std::atomic<bool> released{false};
+};
+
+namespace {
+/// What the connection's hold keeps of such a frame: its outbox hold, and the watch it sets when it
+/// goes. (Holds are let go of on the agent's executor, where the waiter checks and parks, so the
+/// wake-up is never missed; a waiter is bounded by its limit anyway.)
+struct WatchedHold {
+    std::shared_ptr<OutboxHold> hold;
+    std::shared_ptr<ReleaseWatch> watch;
+    WatchedHold(std::shared_ptr<OutboxHold> h, std::shared_ptr<ReleaseWatch> w) : hold(std::move(h)), watch(std::move(w)) {}
+    WatchedHold(const WatchedHold&) = delete;
+    WatchedHold& operator=(const WatchedHold&) = delete;
+    ~WatchedHold() {
+        hold.reset();  // (its events and tensors go back first)
+        watch->released.store(true, std::memory_order_release);
+        if (watch->slot.waiting())
+            asio::post(watch->ex, [w = watch] {
+                if (w->slot.waiting()) w->slot.complete();
+            });
+    }
+};
+
+Task<Result<void>> until_released(std::shared_ptr<ReleaseWatch> w) {
+    if (!w->released.load(std::memory_order_acquire)) co_await w->slot.wait();
+    if (!w->released.load(std::memory_order_acquire)) co_return fail(Errc::cancelled, "waiting for the peer's release");
+    co_return ok();
+}
+}  // namespace
+
+Task<bool> DeviceChannels::await_release(PreparedTensors& prepared, std::chrono::steady_clock::duration limit) {
+    prepared.parts.keep.reset();
+    auto w = std::move(prepared.released);
+    if (!w || w->released.load(std::memory_order_acquire)) co_return true;
+    auto r = co_await with_timeout(until_released(w), limit);
+    co_return r.has_value();
 }
 
 namespace {
@@ -347,7 +440,12 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
         spawn_(drop_after(std::move(events), std::make_shared<Kept>(std::move(hold), std::move(tensors), std::move(out.parts))));
         co_return fail(std::move(queued).error());
     }
-    if (!hold->ranges.empty()) out.parts.keep = std::move(hold);
+    if (!hold->tensors.empty()) {
+        out.released = std::make_shared<ReleaseWatch>(co_await asio::this_coro::executor);
+        out.parts.keep = std::make_shared<WatchedHold>(std::move(hold), out.released);
+    } else if (!hold->ranges.empty()) {
+        out.parts.keep = std::move(hold);
+    }
     out.tensors = std::move(tensors);
     co_return out;
 }
@@ -366,9 +464,17 @@ Task<bool> DeviceChannels::quiesce(std::chrono::steady_clock::duration limit) {
 }
 
 Result<void> DeviceChannels::refused_by_peer(const Connection& conn, const RingNotice& n) {
-    if (!outboxes_.count(n.device) || n.offset > 1023 || n.chunk != 0)
+    const bool pool_only = n.chunk == kRefusedPoolOnly;
+    if (!outboxes_.count(n.device) || n.offset > 1023 || (n.chunk != 0 && !pool_only) || (pool_only && !pool_fds_.count(n.device)))
         return fail(Errc::protocol_error, "the peer refuses cuda_ipc from cuda:" + std::to_string(n.device) + " to cuda:" +
                                               std::to_string(n.offset) + ", which is not a pair we send on");
+    if (pool_only) {
+        peer_of(conn).pool_off[{n.device, static_cast<int>(n.offset)}] = true;
+        log(LogLevel::warn, "rpc", "worker \"" + conn.peer().name + "\" cannot import the memory pool of our cuda:" +
+                                       std::to_string(n.device) + " on its cuda:" + std::to_string(n.offset) +
+                                       ": its tensors from there go through the cuda_ipc outbox (two copies) from now on");
+        return ok();
+    }
     peer_of(conn).reach[{n.device, static_cast<int>(n.offset)}] = false;
     log(LogLevel::warn, "rpc", "worker \"" + conn.peer().name + "\" cannot open the cuda_ipc outbox of our cuda:" + std::to_string(n.device) +
                                    " on its cuda:" + std::to_string(n.offset) + ": its tensors from there are staged (cuda_basic) from now on");

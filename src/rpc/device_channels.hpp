@@ -31,17 +31,22 @@ namespace tensorplay::detail {
 /// the CPU.
 [[nodiscard]] bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept;
 
+struct ReleaseWatch;
+
 /// A frame's tensors made ready for the connection: device ones replaced by their staged host
-/// copies or left for their refs (parts).
+/// copies or left for their refs (parts). `released`: set when the peer reads some of them in place
+/// (cuda_ipc with one copy), for await_release.
 struct PreparedTensors {
     std::vector<Tensor> tensors;
     DeviceParts parts;
+    std::shared_ptr<ReleaseWatch> released;
 };
 
-/// Bytes of each device's outbox (cuda_ipc): TP_CUDA_IPC_OUTBOX_BYTES, else 256 MiB.
+/// Bytes of each device's outbox (cuda_ipc): TP_CUDA_IPC_OUTBOX_BYTES, else 64 MiB.
 [[nodiscard]] std::size_t default_outbox_bytes();
 
 class Outbox;
+struct IpcRef;
 struct OutboxHold;
 struct PeerDevices;
 struct RingLanding;
@@ -90,7 +95,7 @@ public:
     /// Whether a request named `name` is a cuda_ipc ring notice (device_rings.hpp), for notice().
     /// (Inline: asked of every small request the agent reads.)
     [[nodiscard]] static bool is_notice(std::string_view name) noexcept {
-        return name == kRingReady || name == kRingFree || name == kIpcRefused;
+        return name == kRingReady || name == kRingFree || name == kIpcRefused || name == kIpcExport;
     }
     /// A notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot), one of
     /// theirs is ready (copied out), or it cannot open our outbox (we stage for it from then on).
@@ -106,6 +111,12 @@ public:
     /// Forgets what was opened for `conn` (its peer's outboxes and events).
     void forget(const Connection* conn);
 
+    /// After `prepared` was sent (or failed to be): lets go of its part of the hold and waits, up to
+    /// `limit`, until the peer released the tensors it reads in place (or the connection closed):
+    /// so a call completes only once nothing reads the caller's tensors any more. False when the
+    /// limit passed first. At once for a frame without such tensors.
+    [[nodiscard]] static Task<bool> await_release(PreparedTensors& prepared, std::chrono::steady_clock::duration limit);
+
     /// Before a graceful shutdown closes the connections: waits (up to `limit`) until every frame
     /// sent from our outboxes was released by its peer, that is until their copies out of them ran,
     /// so that freeing the outboxes races no peer's copy. False when the limit passed first.
@@ -118,7 +129,9 @@ public:
     struct Stats {
         std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0,
                       chunked_received = 0, ring_sent = 0, ring_received = 0, ring_chunks_sent = 0, ring_chunks_received = 0,
-                      event_waits = 0;  ///< frames that waited for a free outbox event
+                      event_waits = 0,  ///< frames that waited for a free outbox event
+                      pooled_sent = 0,  ///< of ipc_sent: with one copy, out of the tensor's own memory
+                      pooled_received = 0;
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
 
@@ -137,16 +150,30 @@ private:
         std::uint8_t* dst = nullptr;
         const std::uint8_t* src = nullptr;
         std::size_t n = 0;
-        std::shared_ptr<Storage> memory;  ///< the peer's outbox, opened
+        std::shared_ptr<Storage> memory;  ///< the peer's outbox, opened, or its tensor's memory, imported
         tensorplay::Event event;
+        /// `memory` is an imported tensor: let go of as soon as the copy is queued, so that its free
+        /// runs on the stream before the release's event (the exporter frees only after the release).
+        bool pooled = false;
     };
     /// land's tensors out of the peer's outbox (device_refs): their copies go to `copies`, their
     /// rings (not started) to `rings`.
     [[nodiscard]] Result<void> land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
                                          const std::function<Result<DeviceStream*>(Device)>& stream_on,
                                          std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies);
-    /// Queues `copies` (their events seen complete).
-    [[nodiscard]] static Result<void> queue_ref_copies(const std::vector<RefCopy>& copies);
+    /// land_refs for a tensor that goes with one copy (`r` pooled): imports its memory from the
+    /// peer's pool (taking the pool's descriptor the first time) and queues its copy in `copies`.
+    [[nodiscard]] Result<Tensor> land_pooled(const std::shared_ptr<Connection>& conn, PeerDevices& p, const TensorDesc& desc,
+                                             std::size_t index, const IpcRef& r,
+                                             const std::function<Result<DeviceStream*>(Device)>& stream_on,
+                                             std::vector<RefCopy>& copies);
+    /// The peer's event `k` of its cuda:`source` outbox opened on `target` (once per connection).
+    [[nodiscard]] Result<tensorplay::Event> peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
+                                                       int source, Device target, int k);
+    /// A kIpcExport notice: kept until its frame lands (protocol_error past kMaxExports pending).
+    [[nodiscard]] Result<void> exported_by_peer(const Connection& conn, std::span<const std::uint8_t> payload);
+    /// Queues `copies` (their events seen complete); lets go of the pooled ones' imports.
+    [[nodiscard]] static Result<void> queue_ref_copies(std::vector<RefCopy>& copies);
     /// A frame's copies out whose events were not complete yet: queued once they are (host waits);
     /// the connection closes on a device error.
     [[nodiscard]] Task<void> gate(std::weak_ptr<Connection> conn, std::shared_ptr<PendingFrame> frame,
@@ -170,11 +197,15 @@ private:
     /// The peer's kIpcRefused: that pair is staged from now on.
     [[nodiscard]] Result<void> refused_by_peer(const Connection& conn, const RingNotice& n);
     [[nodiscard]] Error refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why);
+    /// As refuse, for one copy only: the peer sends that pair's tensors through its outbox from then on.
+    [[nodiscard]] Error refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why);
     [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
 
     Spawn spawn_;
     std::vector<ChannelOffer> offers_;
+    std::size_t one_copy_min_;
     std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index
+    std::map<int, int> pool_fds_;                      ///< by local cuda index: its exported pool (peers take it)
     std::map<const Connection*, std::unique_ptr<PeerDevices>> peers_;
     std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)
     std::map<int, std::string> uuids_;    ///< local cuda index -> UUID (cached; empty: unknown)

@@ -8,7 +8,12 @@
 #include "rpc/device_staging.hpp"
 #include "transport/connection_state.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 namespace tensorplay::detail {
 
@@ -107,6 +112,12 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
         const TensorDesc& desc = ref.desc;
         auto r = decode_ipc_ref(ref.ref);
         if (!r) return fail(std::move(r).error());
+        if (r->pooled) {
+            auto t = land_pooled(conn, p, desc, ref.index, *r, stream_on, copies);
+            if (!t) return fail(std::move(t).error());
+            frame.tensors[ref.index] = std::move(*t);
+            continue;
+        }
         const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
         // (A ring: the tensor is larger than it, and it lies in the outbox.)
         const std::uint64_t len = theirs && r->chunked ? theirs->chunk * theirs->ring : desc.nbytes;
@@ -138,20 +149,14 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
                                    std::move(m).error().context("opening the cuda_ipc outbox of " + desc.source.str())));
             memory = std::move(*m);
         }
-        auto& ev = p.events[{theirs->index, desc.target.index, r->event}];
-        if (!ev.state()) {
-            auto e = b.open_ipc_event(desc.target, theirs->events[static_cast<std::size_t>(r->event)]);
-            if (!e)
-                return fail(refuse(conn, p, theirs->index, desc.target,
-                                   std::move(e).error().context("opening a cuda_ipc event of " + desc.source.str())));
-            ev = std::move(*e);
-        }
+        auto ev = peer_event(conn, p, b, theirs->index, desc.target, r->event);
+        if (!ev) return fail(std::move(ev).error());
         auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
         if (!dst) return fail(std::move(dst).error());
         auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
         if (!t) return fail(std::move(t).error());
         if (!r->chunked) {
-            copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory, ev});
+            copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), memory->data() + r->offset, desc.nbytes, memory, *ev});
         } else {
             // Its first chunks are in the ring already (the event above orders after them): they wait
             // for it like the chunks announced later.
@@ -159,7 +164,7 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
             l->backend = &b;
             l->stream = (*ds)->stream;
             l->memory = memory;
-            l->event = ev;
+            l->event = *ev;
             l->dst = (*dst)->data();
             l->device = theirs->index;
             l->offset = r->offset;
@@ -179,6 +184,116 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
     return ok();
 }
 
+Result<tensorplay::Event> DeviceChannels::peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
+                                                     int source, Device target, int k) {
+    auto& ev = p.events[{source, target.index, k}];
+    if (!ev.state()) {
+        const IpcDeviceParams* theirs = p.device(source);
+        auto e = b.open_ipc_event(target, theirs->events[static_cast<std::size_t>(k)]);
+        if (!e)
+            return fail(refuse(conn, p, source, target,
+                               std::move(e).error().context("opening a cuda_ipc event of cuda:" + std::to_string(source))));
+        ev = std::move(*e);
+    }
+    return ev;
+}
+
+namespace {
+/// Descriptor `fd` of process `pid`, duplicated into this one (pidfd_getfd: the right to ptrace it).
+Result<int> take_descriptor(int pid, int fd) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0)
+        return fail(Errc::not_supported, "pidfd_open of process " + std::to_string(pid) + " failed: " + std::strerror(errno));
+    const int got = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    const int err = errno;
+    ::close(pidfd);
+    if (got < 0)
+        return fail(Errc::not_supported, "pidfd_getfd of descriptor " + std::to_string(fd) + " of process " + std::to_string(pid) +
+                                             " failed: " + std::strerror(err) +
+                                             (err == EPERM ? " (taking it needs the right to ptrace that process)" : ""));
+    return got;
+}
+}  // namespace
+
+Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& conn, PeerDevices& p, const TensorDesc& desc,
+                                           std::size_t index, const IpcRef& r,
+                                           const std::function<Result<DeviceStream*>(Device)>& stream_on,
+                                           std::vector<RefCopy>& copies) {
+    const std::string what = "cuda_ipc tensor " + std::to_string(index);
+    auto it = p.exports.find(r.offset);
+    if (it == p.exports.end())
+        return fail(Errc::protocol_error, what + " names export " + std::to_string(r.offset) + ", which the peer did not announce");
+    const PoolExport e = std::move(it->second);
+    p.exports.erase(it);
+    const IpcDeviceParams* theirs = desc.source.is_cuda() ? p.device(desc.source.index) : nullptr;
+    if (!theirs || e.device != theirs->index || !theirs->outbox || theirs->pool_fd < 0 ||
+        r.event >= static_cast<int>(theirs->events.size()))
+        return fail(Errc::protocol_error, what + " names the pool of cuda:" + std::to_string(e.device) + " (event " +
+                                              std::to_string(r.event) + ") for a tensor from " + desc.source.str() +
+                                              ", which its offer does not have");
+    if (auto no = p.pool_refused.find({theirs->index, desc.target.index}); no != p.pool_refused.end()) return fail(no->second);
+    auto ds = stream_on(desc.target);
+    if (!ds) return fail(std::move(ds).error());
+    DeviceBackend& b = *(*ds)->backend;
+    auto& pool = p.pools[theirs->index];
+    if (!pool) {
+        // (The offer's pid is the connection's peer where cma proved which process that is.)
+        const int verified = ConnectionAccess::state(*conn).channels.peer_pid();
+        if (verified > 0 && verified != p.pid)
+            return fail(Errc::protocol_error, "its cuda_ipc offer names process " + std::to_string(p.pid) +
+                                                  ", but the connection's peer is process " + std::to_string(verified));
+        auto fd = take_descriptor(p.pid, theirs->pool_fd);
+        auto imported = fd ? b.import_pool(desc.target, *fd) : Result<std::shared_ptr<ImportedPool>>(fail(std::move(fd).error()));
+        if (fd) ::close(*fd);
+        if (!imported)
+            return fail(refuse_pool(conn, p, theirs->index, desc.target,
+                                    std::move(imported).error().context("importing the memory pool of " + desc.source.str())));
+        pool = std::move(*imported);
+    }
+    auto memory = b.import_pointer(*pool, (*ds)->stream, e.data);
+    if (!memory)
+        return fail(refuse_pool(conn, p, theirs->index, desc.target,
+                                std::move(memory).error().context("importing a tensor from the pool of " + desc.source.str())));
+    const std::size_t size = (*memory)->size();
+    if (e.offset > size || desc.nbytes > size - e.offset)
+        return fail(Errc::protocol_error, what + " of " + std::to_string(desc.nbytes) + " bytes at " + std::to_string(e.offset) +
+                                              " lies past its allocation of " + std::to_string(size) + " bytes");
+    auto ev = peer_event(conn, p, b, theirs->index, desc.target, r.event);
+    if (!ev) return fail(std::move(ev).error());
+    auto dst = b.allocate_on((*ds)->stream, desc.nbytes);
+    if (!dst) return fail(std::move(dst).error());
+    auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
+    if (!t) return fail(std::move(t).error());
+    copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), (*memory)->data() + e.offset, desc.nbytes, std::move(*memory), *ev, true});
+    (*ds)->from_peer = true;
+    ++stats_.ipc_received;
+    ++stats_.pooled_received;
+    return t;
+}
+
+Result<void> DeviceChannels::exported_by_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
+    auto e = decode_pool_export(payload);
+    if (!e) return fail(std::move(e).error());
+    PeerDevices& p = peer_of(conn);
+    // (Each goes right before its frame, which takes it: more pending means a peer that lies.)
+    constexpr std::size_t kMaxExports = 4096;
+    if (p.exports.size() >= kMaxExports)
+        return fail(Errc::protocol_error, "the peer announced more than " + std::to_string(kMaxExports) +
+                                              " cuda_ipc exports that no frame took");
+    if (!p.exports.emplace(e->id, *e).second)
+        return fail(Errc::protocol_error, "the peer announced cuda_ipc export " + std::to_string(e->id) + " twice");
+    return ok();
+}
+
+Error DeviceChannels::refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
+    Error e = std::move(why).context("one copy for cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name +
+                                     "\" to " + target.str() + " is off from now on (its tensors come through the outbox)");
+    p.pool_refused.emplace(std::make_pair(source, target.index), e);
+    log(LogLevel::warn, "rpc", e.message());
+    send_ring_notice(*conn, kIpcRefused, RingNotice{source, static_cast<std::uint64_t>(target.index), kRefusedPoolOnly});
+    return e;
+}
+
 Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
     Error e = std::move(why).context("cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name + "\" to " +
                                      target.str() + " is off from now on (its tensors are staged, as cuda_basic does)");
@@ -188,9 +303,11 @@ Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevice
     return e;
 }
 
-Result<void> DeviceChannels::queue_ref_copies(const std::vector<RefCopy>& copies) {
-    for (const auto& c : copies)
-        if (auto r = c.backend->copy_async(c.stream, c.dst, c.src, c.n, c.memory); !r) return r;
+Result<void> DeviceChannels::queue_ref_copies(std::vector<RefCopy>& copies) {
+    for (auto& c : copies) {
+        if (auto r = c.backend->copy_async(c.stream, c.dst, c.src, c.n, c.pooled ? nullptr : c.memory); !r) return r;
+        if (c.pooled) c.memory.reset();  // (its free is queued after the copy)
+    }
     return ok();
 }
 

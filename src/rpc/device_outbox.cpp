@@ -9,7 +9,7 @@
 namespace tensorplay::detail {
 
 namespace {
-constexpr std::uint8_t kParamsVersion = 3;  // (3: device UUIDs)
+constexpr std::uint8_t kParamsVersion = 4;  // (3: device UUIDs; 4: pool descriptors)
 constexpr std::uint32_t kMaxRing = 64;
 constexpr std::uint32_t kMaxParamDevices = 64;
 constexpr std::size_t kMaxBusId = 64;
@@ -33,6 +33,7 @@ std::string encode_ipc_params(const IpcParams& params) {
         put_handle(w, d.memory);
         w.u64(d.size).u64(d.chunk).u32(d.ring).u32(static_cast<std::uint32_t>(d.events.size()));
         for (const auto& e : d.events) put_handle(w, e);
+        w.i32(d.pool_fd);
     }
     const Bytes b = std::move(w).take();
     return std::string(b.begin(), b.end());
@@ -78,6 +79,10 @@ Result<IpcParams> decode_ipc_params(std::string_view bytes) {
                                                       std::to_string(d.size) + " bytes has rings of " + std::to_string(d.ring) +
                                                       " chunks of " + std::to_string(d.chunk) + " bytes");
             for (std::uint32_t k = 0; k < events && !r.failed(); ++k) d.events.push_back(get_handle(r));
+            d.pool_fd = r.i32();
+            if (!r.failed() && d.pool_fd < -1)
+                return fail(Errc::protocol_error, "cuda_ipc parameters: cuda:" + std::to_string(d.index) + "'s pool descriptor is " +
+                                                      std::to_string(d.pool_fd));
         }
         out.push_back(std::move(d));
     }
@@ -86,9 +91,29 @@ Result<IpcParams> decode_ipc_params(std::string_view bytes) {
 }
 
 Result<IpcRef> decode_ipc_ref(std::uint64_t ref) {
-    if ((ref & 0xff) != 1 && (ref & 0xff) != 3)
+    const auto marker = ref & 0xff;
+    if (marker != 1 && marker != 3 && marker != 5)
         return fail(Errc::protocol_error, "cuda_ipc reference " + std::to_string(ref) + " lacks its marker");
-    return IpcRef{ref >> 16, static_cast<int>((ref >> 8) & 0xff), (ref & 0xff) == 3};
+    return IpcRef{ref >> 16, static_cast<int>((ref >> 8) & 0xff), marker == 3, marker == 5};
+}
+
+Bytes encode_pool_export(const PoolExport& e) {
+    WireWriter w;
+    w.u64(e.id).i32(e.device).u64(e.offset);
+    put_handle(w, e.data);
+    return std::move(w).take();
+}
+
+Result<PoolExport> decode_pool_export(std::span<const std::uint8_t> payload) {
+    WireReader r(payload);
+    PoolExport e;
+    e.id = r.u64();
+    e.device = r.i32();
+    e.offset = r.u64();
+    e.data = get_handle(r);
+    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a cuda_ipc export notice"));
+    if (e.device < 0) return fail(Errc::protocol_error, "a cuda_ipc export notice names cuda:" + std::to_string(e.device));
+    return e;
 }
 
 Result<std::shared_ptr<Outbox>> Outbox::create(DeviceBackend& backend, Device device, std::size_t bytes) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,10 @@ struct IpcDeviceParams {
     std::uint64_t chunk = 0;
     std::uint32_t ring = 0;
     std::vector<IpcHandle> events;
+    /// (Version 4 on, with an outbox.) The descriptor number of the device's IPC-capable memory pool
+    /// in the offering process (a peer takes it with pidfd_getfd), or -1: tensors of that pool go
+    /// with one copy, the receiver's out of the sender's own memory.
+    std::int32_t pool_fd = -1;
 };
 
 /// The cuda_ipc offer's parameters (docs/protocol.md, "Channels"): the offering process (a handle
@@ -58,13 +63,31 @@ struct IpcParams {
 [[nodiscard]] constexpr std::uint64_t encode_ipc_ref(std::size_t offset, int event, bool chunked) noexcept {
     return (static_cast<std::uint64_t>(offset) << 16) | (static_cast<std::uint64_t>(event) << 8) | (chunked ? 3u : 1u);
 }
+/// A tensor's reference when it goes with one copy: its export `id` (a kIpcExport notice before the
+/// frame says where it lies) and the outbox event recorded after the work that made it.
+[[nodiscard]] constexpr std::uint64_t encode_pool_ref(std::uint64_t id, int event) noexcept {
+    return (id << 16) | (static_cast<std::uint64_t>(event) << 8) | 5u;
+}
 struct IpcRef {
-    std::uint64_t offset = 0;
+    std::uint64_t offset = 0;  ///< (pooled: the export id)
     int event = 0;
     bool chunked = false;
+    bool pooled = false;
 };
 /// Errc::protocol_error when `ref` is not one (the marker bits).
 [[nodiscard]] Result<IpcRef> decode_ipc_ref(std::uint64_t ref);
+
+/// A kIpcExport notice: the tensor of export `id` lies `offset` bytes into the allocation of the
+/// sender's cuda:`device` pool that `data` (cudaMemPoolExportPointer's) names.
+struct PoolExport {
+    std::uint64_t id = 0;
+    std::int32_t device = 0;
+    std::uint64_t offset = 0;
+    IpcHandle data{};
+};
+[[nodiscard]] Bytes encode_pool_export(const PoolExport& e);
+/// Errc::protocol_error when malformed.
+[[nodiscard]] Result<PoolExport> decode_pool_export(std::span<const std::uint8_t> payload);
 
 /// One device's outbox. Thread-safe (ranges come back from wherever a connection drops a hold).
 class Outbox {
@@ -128,6 +151,8 @@ struct OutboxHold {
     std::vector<std::pair<std::shared_ptr<Outbox>, int>> events;
     /// The frame's chunked sends (device_channels.cpp): they end with the hold.
     std::vector<std::shared_ptr<void>> sends;
+    /// Its tensors that go with one copy: the peer reads their memory until the release.
+    std::vector<Tensor> tensors;
     OutboxHold() = default;
     OutboxHold(const OutboxHold&) = delete;
     OutboxHold& operator=(const OutboxHold&) = delete;

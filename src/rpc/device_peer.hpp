@@ -24,6 +24,15 @@ struct PeerDevices {
     std::map<std::tuple<int, int, int>, tensorplay::Event> events;   ///< (its index, our index, event)
     std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
     std::map<std::pair<int, int>, Error> refused;                     ///< (its index, our index): opening failed
+    std::int32_t pid = 0;                                              ///< the offering process
+    // One copy (PoolExport): receiving, the exports announced and not landed yet (by id), its pools
+    // imported here (by its index) and the pairs whose import failed; sending, the pairs it refused
+    // and the next export id.
+    std::map<std::uint64_t, PoolExport> exports;
+    std::map<int, std::shared_ptr<ImportedPool>> pools;
+    std::map<std::pair<int, int>, Error> pool_refused;                ///< (its index, our index)
+    std::map<std::pair<int, int>, bool> pool_off;                      ///< (our index, its index)
+    std::uint64_t next_export = 1;
 
     const IpcDeviceParams* device(int index) const {
         for (const auto& d : devices)

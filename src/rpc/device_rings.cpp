@@ -71,6 +71,7 @@ Result<void> RingLanding::copy_out(std::uint32_t j) {
 
 Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                     std::span<const std::uint8_t> payload) {
+    if (name == kIpcExport) return exported_by_peer(*conn, payload);
     auto n = decode_ring_notice(payload);
     if (!n) return fail(std::move(n).error());
     if (name == kIpcRefused) return refused_by_peer(*conn, *n);

@@ -413,7 +413,17 @@ Task<Result<Message>> AgentCore::call_device(std::string to, std::string handler
         left = secs - std::chrono::duration<double>(Clock::now() - started).count();
         if (left <= 0) co_return fail(call_error(to, handler, secs, {}));
     }
-    co_return co_await call(std::move(to), std::move(handler), std::move(message), left, &*prepared);
+    auto result = co_await call(to, std::move(handler), std::move(message), left, &*prepared);
+    // Tensors the peer reads in place (cuda_ipc with one copy): the call completes once it let go of
+    // them, so that the caller may change them then (within what is left of the timeout).
+    if (prepared->released) {
+        const double rest_secs = secs > 0 ? std::max(1e-3, secs - std::chrono::duration<double>(Clock::now() - started).count()) : 86400.0;
+        const auto rest = timeout_duration(rest_secs);
+        if (!co_await DeviceChannels::await_release(*prepared, rest) && result)
+            co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\": the reply came, but the worker was still reading the "
+                                                "request's cuda tensors at the call's timeout", to));
+    }
+    co_return result;
 }
 
 // ---- NativeAgent facade ----

@@ -221,7 +221,7 @@ const std::string kTimedOut = "timeout:";  // a verdict of rank 0 that gave up w
 
 std::string ws_key(int rank) { return kJoin + "ws/" + std::to_string(rank); }
 
-std::string rank_list(const std::vector<int>& ranks) {
+std::string named_ranks(const std::vector<int>& ranks) {
     std::string out = ranks.size() == 1 ? "rank " : "ranks ";
     for (std::size_t i = 0; i < ranks.size() && i < 16; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
     if (ranks.size() > 16) out += ", ... (" + std::to_string(ranks.size()) + " ranks)";
@@ -243,7 +243,7 @@ Task<std::string> joined_so_far(Store& store, int world_size) {
     }
     std::string out = std::to_string(world_size - static_cast<int>(missing.size())) + "/" +
                       std::to_string(world_size) + " joined";
-    if (!missing.empty()) out += "; missing: " + rank_list(missing);
+    if (!missing.empty()) out += "; missing: " + named_ranks(missing);
     co_return out;
 }
 
@@ -308,7 +308,7 @@ Task<Result<std::string>> decide(Store& store, int world_size, int& largest) {
     std::string out = "world sizes disagree: ";
     bool first = true;
     for (const auto& [size, ranks] : by_size) {
-        out += (first ? "" : "; ") + rank_list(ranks) + (ranks.size() == 1 ? " was" : " were") + " told " +
+        out += (first ? "" : "; ") + named_ranks(ranks) + (ranks.size() == 1 ? " was" : " were") + " told " +
                (size < 0 ? std::string("something that is not a number") : std::to_string(size));
         first = false;
     }

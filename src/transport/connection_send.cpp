@@ -142,6 +142,11 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
     if (auto c = basic_channel_carries(tensors, dev.refs, dev.streamed); !c) return c;
+    for (const auto& [notice, bytes] : dev.preface) {
+        Bytes body = bytes;
+        std::vector<Tensor> none;
+        if (auto r = send_parts(c, FrameKind::request, 0, notice, body, none, {}, false); !r) return r;
+    }
     ++s.sends;
     return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);
 }

@@ -836,3 +836,106 @@ TEST_CASE("the other backends: can_access_peer of their own devices, no device-m
     CHECK(missing.error().code() == Errc::device_error);
     CHECK(exportable.error().code() == Errc::not_supported);
 }
+
+namespace {
+constexpr std::size_t pool_bytes = 300000;
+}  // namespace
+
+// The second process of the pool IPC test: takes the parent's pool descriptor (pidfd_getfd, numbers
+// in TP_TEST_POOL), imports the pool and the parent's allocation, and reads it through a copy.
+TEST_CASE("ipc pool child", "[.ipc_pool_child]") {
+    int pid = 0, fd = 0;
+    REQUIRE(std::sscanf(std::getenv("TP_TEST_POOL"), "%d,%d", &pid, &fd) == 2);
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    REQUIRE(pidfd >= 0);
+    const int mine = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    REQUIRE(mine >= 0);
+    auto& b = cuda();
+    const long imports = fake().present ? fake().live_imports() : 0;
+    auto pool = b.import_pool(Device::cuda(0), mine);
+    ::close(mine);
+    ::close(pidfd);
+    REQUIRE(pool);
+    auto s = b.acquire_stream(Device::cuda(0));
+    REQUIRE(s);
+    auto mem = b.import_pointer(**pool, *s, from_hex(std::getenv("TP_TEST_POOL_PTR")));
+    REQUIRE(mem);
+    CHECK((*mem)->size() >= pool_bytes);  // (the allocation's own size, as the driver has it)
+    CHECK((*mem)->device() == Device::cuda(0));
+    if (fake().present) CHECK(fake().live_imports() == imports + 1);
+    auto got = b.allocate_host(pool_bytes);
+    REQUIRE(got);
+    REQUIRE(b.copy_async(*s, (*got)->data(), (*mem)->data(), pool_bytes));
+    mem->reset();  // (freed on the stream, after the copy)
+    sync(b, *s);
+    CHECK(std::memcmp((*got)->data(), pattern(pool_bytes, 9).data(), pool_bytes) == 0);
+    if (fake().present) CHECK(fake().live_imports() == imports);
+    IpcHandle garbage;
+    garbage.fill(0x5a);
+    auto bad = b.import_pointer(**pool, *s, garbage);
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.error().message(), Catch::Contains("cudaMemPoolImportPointer"));
+}
+
+TEST_CASE("pool memory goes to another process allocation by allocation: its pool's descriptor, then each pointer", "[cuda][ipc]") {
+    auto& b = cuda();
+    const Device dev = Device::cuda(0);
+    auto fd = b.export_pool(dev);
+    if (!fd && fd.error().code() == Errc::not_supported) {
+        WARN("no IPC-capable pool here: " << fd.error().message());
+        return;
+    }
+    REQUIRE(fd);
+    auto s = b.acquire_stream(dev);
+    REQUIRE(s);
+    auto mem = b.allocate_on(*s, pool_bytes);
+    REQUIRE(mem);
+    const auto bytes = pattern(pool_bytes, 9);
+    REQUIRE(b.copy_async(*s, (*mem)->data(), bytes.data(), pool_bytes));
+    sync(b, *s);
+    auto data = b.export_pointer(**mem);
+    REQUIRE(data);
+    // Memory that is not the start of an allocation of the pool has nothing to export.
+    auto plain = b.allocate_exportable(dev, 64);
+    REQUIRE(plain);
+    CHECK(b.export_pointer(**plain).error().code() == Errc::invalid_argument);
+    auto pinned = b.allocate_host(64);
+    REQUIRE(pinned);
+    CHECK(b.export_pointer(**pinned).error().code() == Errc::invalid_argument);
+    char self[4096];
+    const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    REQUIRE(len > 0);
+    self[len] = '\0';
+    std::vector<Child> child{spawn({self, "[.ipc_pool_child]"}, {"TP_TEST_POOL=" + std::to_string(::getpid()) + "," + std::to_string(*fd),
+                                                                  "TP_TEST_POOL_PTR=" + to_hex(*data)})};
+    wait_all(child, 20s);
+    ::close(*fd);
+    INFO(child[0].describe());
+    REQUIRE(child[0].exited_ok());
+}
+
+TEST_CASE("with TP_CUDA_IPC_POOL=0 or no driver support the pool is the process's own", "[cuda][fake][ipc]") {
+    (void)cuda();  // (loads the runtime that fake() looks in)
+    if (!fake().present) return;
+    for (const char* var : {"TP_CUDA_IPC_POOL=0", "FAKE_CUDA_NO_IPC_POOL=1"}) {
+        INFO(var);
+        char self[4096];
+        const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+        REQUIRE(len > 0);
+        self[len] = '\0';
+        std::vector<Child> child{spawn({self, "[.no_ipc_pool_child]"}, {var})};
+        wait_all(child, 20s);
+        INFO(child[0].describe());
+        CHECK(child[0].exited_ok());
+    }
+}
+
+TEST_CASE("no ipc pool child", "[.no_ipc_pool_child]") {
+    auto& b = cuda();
+    auto mem = b.allocate(Device::cuda(0), 4096);
+    REQUIRE(mem);  // (allocation works: from a pool of this process alone)
+    auto fd = b.export_pool(Device::cuda(0));
+    REQUIRE_FALSE(fd);
+    CHECK(fd.error().code() == Errc::not_supported);
+    CHECK(b.export_pointer(**mem).error().code() == Errc::invalid_argument);
+}

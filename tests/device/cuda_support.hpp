@@ -32,6 +32,7 @@ struct FakeCuda {
     long (*live_host_allocations)() = nullptr;
     long (*wrong_device_calls)() = nullptr;
     long (*live_imports)() = nullptr;
+    long long (*device_copy_bytes)() = nullptr;  ///< bytes of device-to-device copies queued so far
     long (*contexts)() = nullptr;  ///< bit d: cuda:d has a context
     int (*set_device)(int) = nullptr;  // the fake's cudaSetDevice / cudaGetDevice
     int (*get_device)(int*) = nullptr;
@@ -56,6 +57,7 @@ inline const FakeCuda& fake() {
         get(r.live_host_allocations, "fake_cuda_live_host_allocations");
         get(r.wrong_device_calls, "fake_cuda_wrong_device_calls");
         get(r.live_imports, "fake_cuda_live_imports");
+        get(r.device_copy_bytes, "fake_cuda_device_copy_bytes");
         get(r.contexts, "fake_cuda_contexts");
         get(r.set_device, "cudaSetDevice");
         get(r.get_device, "cudaGetDevice");

@@ -2,7 +2,8 @@
 // TP_CUDART): they go by cuda_basic (a process cannot open its own IPC handles), through the
 // device maps and back; a tensor with no device map is refused naming worker and device; and a hostile peer
 // that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
-// offer that does not decode, a ring notice for a ring never sent) loses its own connection, while
+// offer that does not decode, a ring notice for a ring never sent, a one-copy tensor never
+// announced, export notices no frame takes) loses its own connection, while
 // the group goes on; a device whose outbox cannot be made loses cuda_ipc, not the agent. The
 // two-process tests of the device channels are cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
@@ -219,6 +220,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             {"an offer whose rings have one slot", bad_ring, detail::encode_ipc_ref(0, 0, true), big},
             {"a ring past the outbox", good_params, detail::encode_ipc_ref(std::size_t{800} << 10, 0, true), big},
             {"a tensor in a ring that it fits whole", good_params, detail::encode_ipc_ref(0, 0, true)},
+            {"a one-copy reference whose export was never announced", good_params, detail::encode_pool_ref(7, 0)},
         };
         for (const auto& c : cases) {
             INFO(c.what);
@@ -239,10 +241,12 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             std::string_view name;
             Bytes payload;
         };
+        const Bytes exported = detail::encode_pool_export(detail::PoolExport{1, 0, 0, {}});
         const std::vector<Notice> notices{
             {"a free for a ring we did not send", detail::kRingFree, notice},
             {"a ready for a ring it did not send", detail::kRingReady, notice},
             {"a notice cut short", detail::kRingFree, Bytes(notice.begin(), notice.begin() + 5)},
+            {"an export notice cut short", detail::kIpcExport, Bytes(exported.begin(), exported.begin() + 20)},
         };
         for (const auto& c : notices) {
             INFO(c.what);
@@ -251,6 +255,18 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             Bytes payload = c.payload;
             std::vector<Tensor> none;
             REQUIRE(detail::send_parts(**conn, FrameKind::request, 0, c.name, payload, none, {}, true));
+            co_await closed_alone(**conn, g);
+        }
+        // Export notices that no frame takes: the same id twice, and more than the receiver keeps.
+        for (const std::size_t count : {std::size_t{2}, std::size_t{4097}}) {
+            INFO(count << " export notices");
+            auto conn = co_await impostor(g[0]->listen_address(), good_params);
+            REQUIRE(conn);
+            for (std::size_t i = 0; i < count; ++i) {
+                Bytes payload = detail::encode_pool_export(detail::PoolExport{count == 2 ? 1 : i, 0, 0, {}});
+                std::vector<Tensor> none;
+                if (!detail::send_parts(**conn, FrameKind::request, 0, detail::kIpcExport, payload, none, {}, i + 1 == count)) break;
+            }
             co_await closed_alone(**conn, g);
         }
         auto down = co_await test::shutdown_all(g);

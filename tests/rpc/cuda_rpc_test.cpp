@@ -2,7 +2,7 @@
 // the device maps and back through the reverse maps (cuda:0 <-> cuda:1), byte for byte; the stream
 // semantics (a late producer, the handler's stream context and its reply, a competing stream);
 // 1,000 concurrent messages; a tensor dropped by its caller at once; the peer dying with copies in
-// flight. Normal suite: on the fake CUDA runtime (TP_CUDART, a TEST DOUBLE, 2 devices); `cuda`
+// flight. cuda_ipc runs twice: with one copy (out of the sender's pool) and through its outbox. Normal suite: on the fake CUDA runtime (TP_CUDART, a TEST DOUBLE, 2 devices); `cuda`
 // suite: on a real GPU (TP_CUDA_REQUIRE_DEVICE=1; 77 without a device; with one device the maps
 // stay on cuda:0).
 #include "rpc/agent_test_util.hpp"
@@ -36,11 +36,16 @@ using test::stream_of;
 
 namespace {
 
-enum class Scenario { routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, teardown, exclusive, exclusive_held, mig };
+enum class Scenario {
+    routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, pool_denied, teardown, exclusive, exclusive_held, mig,
+    in_place
+};
 
 struct Child {
     Scenario scenario;
-    std::string channel;  ///< cuda_ipc or cuda_basic
+    /// cuda_ipc (tensors of 1 MiB and more with one copy, out of the sender's pool), cuda_ipc/outbox
+    /// (every tensor through the sender's outbox: TP_CUDA_IPC_ONE_COPY_MIN past any size) or cuda_basic
+    std::string channel;
     int rank;
     std::uint16_t port;
     int devices = 0;  ///< cuda devices the run uses (2 on the fake; set by the child)
@@ -144,7 +149,8 @@ Task<int> routing(detail::NativeAgent& a, const Child& c) {
         if (!co_await echo_round(a, c, n, static_cast<int>(n % 251), false)) co_return 20;
     // The pair chose the channel asked for, and it carried the tensors.
     auto info = co_await a.get_debug_info();
-    if (!info || info->peers.empty() || info->peers[0].channel.find("cuda->cuda:" + c.channel) == std::string::npos) {
+    const std::string chosen = c.channel == "cuda_basic" ? "cuda_basic" : "cuda_ipc";
+    if (!info || info->peers.empty() || info->peers[0].channel.find("cuda->cuda:" + chosen) == std::string::npos) {
         std::fprintf(stderr, "channels: %s\n", info && !info->peers.empty() ? info->peers[0].channel.c_str() : "?");
         co_return 21;
     }
@@ -155,11 +161,51 @@ Task<int> routing(detail::NativeAgent& a, const Child& c) {
     std::fprintf(stderr, "%s: rings sent %llu received %llu, their chunks after a notice sent %llu received %llu\n",
                  c.channel.c_str(), static_cast<unsigned long long>(st.ring_sent), static_cast<unsigned long long>(st.ring_received),
                  static_cast<unsigned long long>(st.ring_chunks_sent), static_cast<unsigned long long>(st.ring_chunks_received));
-    if (c.channel == "cuda_ipc" && (st.ipc_sent == 0 || st.ipc_received == 0 || st.staged_sent != 0)) co_return 22;
+    std::fprintf(stderr, "%s: with one copy sent %llu received %llu\n", c.channel.c_str(),
+                 static_cast<unsigned long long>(st.pooled_sent), static_cast<unsigned long long>(st.pooled_received));
+    const bool ipc = c.channel.starts_with("cuda_ipc");
+    if (ipc && (st.ipc_sent == 0 || st.ipc_received == 0 || st.staged_sent != 0)) co_return 22;
     // (9 MiB + 5 is 10 chunks: 6 of them wait for a "free", on each device each way.)
-    if (c.channel == "cuda_ipc" && (st.ring_sent != static_cast<unsigned>(c.devices) || st.ring_received != st.ring_sent ||
-                                    st.ring_chunks_sent != 6u * st.ring_sent || st.ring_chunks_received != st.ring_chunks_sent))
+    if (c.channel == "cuda_ipc/outbox" &&
+        (st.ring_sent != static_cast<unsigned>(c.devices) || st.ring_received != st.ring_sent ||
+         st.ring_chunks_sent != 6u * st.ring_sent || st.ring_chunks_received != st.ring_chunks_sent || st.pooled_sent != 0))
         co_return 24;
+    // One copy: the three sizes from 1 MiB on, each way on each device; 4 KiB through the outbox; no rings.
+    if (c.channel == "cuda_ipc" && (st.pooled_sent != 3u * static_cast<unsigned>(c.devices) ||
+                                    st.pooled_received != st.pooled_sent || st.ring_sent != 0 || st.ipc_sent != 4u * static_cast<unsigned>(c.devices)))
+        co_return 25;
+    // One copy: an echo of an n-byte tensor costs this process n bytes of device copies (landing the
+    // reply out of worker1's memory), not 2n (copying the request into our outbox first).
+    if (ipc && test::fake().present) {
+        const std::size_t n = (std::size_t{5} << 20) + 3;
+        Child one = c;
+        one.devices = 1;
+        const long long before = test::fake().device_copy_bytes();
+        if (!co_await echo_round(a, one, n, 3, false)) co_return 200;
+        const long long copied = test::fake().device_copy_bytes() - before;
+        std::fprintf(stderr, "%s: an echo of %zu bytes copied %lld bytes device to device here\n", c.channel.c_str(), n, copied);
+        if (copied != static_cast<long long>(c.channel == "cuda_ipc" ? n : 2 * n)) co_return 201;
+    }
+    // Memory that is not from the pool (cudaMalloc'd, exported by handle) goes through the outbox, whole.
+    if (ipc) {
+        auto& b = cuda();
+        auto s = b.acquire_stream(Device::cuda(0));
+        const std::size_t n = (std::size_t{2} << 20) + 9;
+        auto src = s ? filled(*s, n, 17) : Result<Tensor>(fail(Errc::internal, "no stream"));
+        auto plain = b.allocate_exportable(Device::cuda(0), n);
+        if (!src || !plain || !b.copy_async(*s, (*plain)->data(), src->data(), n, src->storage())) co_return 26;
+        auto t = Tensor::wrap(*plain, src->dtype(), src->shape());
+        if (!t) co_return 26;
+        Message m{bytes("plain"), {*t}};
+        m.streams.push_back(*s);
+        const auto before = a.device_stats();
+        const std::string to = "worker1", handler = "echo";
+        auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+        if (!r || r->tensors.size() != 1) co_return 27;
+        if (co_await read_back(r->tensors[0], stream_of(*r, r->tensors[0].device())) != pattern(n, 17)) co_return 28;
+        const auto after = a.device_stats();
+        if (after.ipc_sent != before.ipc_sent + 1 || after.pooled_sent != before.pooled_sent) co_return 29;
+    }
     if (c.channel == "cuda_basic" && (st.ipc_sent != 0 || st.staged_sent == 0 || st.staged_received == 0 || st.chunked_sent == 0 ||
                                       st.chunked_received == 0))
         co_return 23;
@@ -386,6 +432,66 @@ Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
     co_return 0;
 }
 
+// Issue 34, item 10: worker1 cannot import our pools (FAKE_CUDA_POOL_IPC_DENY). The first tensor of
+// one copy for each device pair fails, saying why; from then on that pair's tensors come through
+// our outbox (two copies), whole, and none is staged.
+Task<int> pool_denied(detail::NativeAgent& a, const Child& c) {
+    auto& b = cuda();
+    const bool denied = c.channel == "cuda_ipc" && test::fake().present;
+    const std::size_t big = std::size_t{2} << 20;
+    for (int d = 0; d < c.devices; ++d) {
+        auto s = b.acquire_stream(Device::cuda(d));
+        if (!s) co_return 140;
+        auto t = filled(*s, big, d);
+        if (!t) co_return 141;
+        Message m{bytes("first"), {*t}};
+        m.streams.push_back(*s);
+        const std::string to = "worker1", handler = "echo";
+        auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+        if (denied && r) co_return 142;
+        if (denied && (r.error().message().find("cudaMemPoolImportFromShareableHandle") == std::string::npos ||
+                       r.error().message().find("one copy") == std::string::npos)) {
+            std::fprintf(stderr, "the refused message failed with: %s\n", r.error().to_string().c_str());
+            co_return 143;
+        }
+    }
+    const auto before = a.device_stats();
+    for (std::size_t n : {big, std::size_t{4096}, (std::size_t{9} << 20) + 5})
+        if (!co_await echo_round(a, c, n, static_cast<int>(n % 83), false)) co_return 144;
+    const auto after = a.device_stats();
+    if (denied && (after.pooled_sent != before.pooled_sent || after.ipc_sent != before.ipc_sent + 3u * static_cast<unsigned>(c.devices) ||
+                   after.staged_sent != 0))
+        co_return 145;
+    co_return 0;
+}
+
+// Issue 34, item 10: with one copy worker1 reads our tensor in place, and its copy out is slow (its
+// pool streams wait 100 ms per copy); its handler keeps the tensor and replies at once. The call
+// completes only once worker1 let go of our memory, so overwriting the tensor right after the call
+// leaves what worker1 received as it was sent.
+Task<int> in_place(detail::NativeAgent& a, const Child& c) {
+    auto& b = cuda();
+    auto s = b.acquire_stream(Device::cuda(0));
+    if (!s) co_return 150;
+    const std::size_t n = std::size_t{2} << 20;
+    auto t = filled(*s, n, 71);
+    auto other = filled(*s, n, 72);
+    if (!t || !other) co_return 151;
+    Message m{bytes("keep"), {*t}};
+    m.streams.push_back(*s);
+    const std::string to = "worker1";
+    auto kept = co_await a.rpc_async(to, "keep", std::move(m), 20);
+    if (!kept) co_return 152;
+    if (!b.copy_async(*s, t->data(), other->data(), n, other->storage())) co_return 153;  // (the caller reuses its tensor)
+    auto given = co_await a.rpc_async(to, "give", Message{bytes("give"), {}}, 20);
+    if (!given || given->tensors.size() != 1) co_return 154;
+    if (co_await read_back(given->tensors[0], stream_of(*given, given->tensors[0].device())) != pattern(n, 71)) {
+        std::fprintf(stderr, "%s: worker1 received bytes the caller wrote after its call\n", c.channel.c_str());
+        co_return 155;
+    }
+    co_return 0;
+}
+
 // Issue 34, item 5: the devices are MIG instances of one GPU (FAKE_CUDA_MIG: one bus id, their own
 // UUIDs, no IPC between instances). The sender tells the peer's instance from its own by UUID, so
 // tensors between different instances are staged from the first message on: none fails.
@@ -554,6 +660,9 @@ Task<int> after_stalled_sender(detail::NativeAgent& a, const std::shared_ptr<Sto
 Task<int> worker(Child c) {
     if (c.scenario == Scenario::ipc_denied && c.rank == 1) ::setenv("FAKE_CUDA_IPC_DENY", "1", 1);
     if (c.scenario == Scenario::mig) ::setenv("FAKE_CUDA_MIG", "1", 1);
+    if (c.scenario == Scenario::pool_denied && c.rank == 1) ::setenv("FAKE_CUDA_POOL_IPC_DENY", "1", 1);
+    if (c.channel == "cuda_ipc/outbox") ::setenv("TP_CUDA_IPC_ONE_COPY_MIN", "18446744073709551615", 1);
+    const std::string channel = c.channel == "cuda_ipc/outbox" ? "cuda_ipc" : c.channel;
     auto ex = co_await asio::this_coro::executor;
     auto store = co_await TcpStore::connect(ex, store_options(c.port));
     if (!store) co_return 10;
@@ -561,11 +670,11 @@ Task<int> worker(Child c) {
     if (cuda_device_count() == 0) co_return 77;
     c.devices = std::min(2, cuda_device_count());
     // A 16 MiB outbox has rings of 4 chunks of 1 MiB: tensors over 4 MiB go through one.
-    if (c.channel == "cuda_ipc" && c.scenario != Scenario::load)
+    if (channel == "cuda_ipc" && c.scenario != Scenario::load)
         ::setenv("TP_CUDA_IPC_OUTBOX_BYTES", "16777216", 1);
     if ((is_exclusive(c.scenario) || c.scenario == Scenario::mig) && (!test::fake().present || c.devices < 2)) co_return 77;
-    auto args = test::init_args(st, c.rank, 2, [&c](int rank, TensorPipeRpcBackendOptions& o) {
-        o.channels = std::vector<std::string>{"basic", c.channel};
+    auto args = test::init_args(st, c.rank, 2, [&c, &channel](int rank, TensorPipeRpcBackendOptions& o) {
+        o.channels = std::vector<std::string>{"basic", channel};
         o.rpc_timeout = 30;
         if (is_exclusive(c.scenario)) {  // (each worker on its own GPU)
             o.devices.push_back(Device::cuda(rank));
@@ -594,6 +703,17 @@ Task<int> worker(Child c) {
         co_return co_await std::move(t);
     }
     if (c.rank == 1) {
+        if (c.scenario == Scenario::in_place) {
+            // "keep" holds the request's tensor and replies at once; "give" sends it back.
+            auto kept = std::make_shared<Message>();
+            auto keep = [kept](WorkerInfo, Message m) -> Task<Result<Message>> {
+                *kept = std::move(m);
+                co_return Message{bytes("kept"), {}};
+            };
+            auto give = [kept](WorkerInfo, Message) -> Task<Result<Message>> { co_return std::move(*kept); };
+            if (!a.register_handler("keep", keep) || !a.register_handler("give", give)) co_return 19;
+            for (int d = 0; d < c.devices; ++d) slow_pool(Device::cuda(d), 100000);
+        }
         auto t = serve_until(a, st, "test/done", false);
         co_return co_await std::move(t);
     }
@@ -606,6 +726,8 @@ Task<int> worker(Child c) {
     case Scenario::load: code = co_await load(a, c); break;
     case Scenario::dropped: code = co_await dropped(a, c); break;
     case Scenario::ipc_denied: code = co_await ipc_denied(a, c); break;
+    case Scenario::pool_denied: code = co_await pool_denied(a, c); break;
+    case Scenario::in_place: code = co_await in_place(a, c); break;
     case Scenario::exclusive: code = co_await exclusive_calls(a, false); break;
     case Scenario::mig: code = co_await mig_rounds(a, c); break;
     case Scenario::exclusive_held: code = co_await exclusive_calls(a, true); break;
@@ -659,9 +781,12 @@ std::vector<int> run(Scenario scenario, const std::string& channel) {
 }  // namespace
 
 namespace {
-/// Both workers exit 0 (77: no cuda device in them, which only the `cuda` suite allows).
-void expect_clean(Scenario scenario) {
-    for (const std::string channel : {"cuda_ipc", "cuda_basic"}) {
+/// Both workers exit 0 (77: no cuda device in them, which only the `cuda` suite allows), over
+/// cuda_ipc and cuda_basic (and cuda_ipc through the outbox only, with `outbox`).
+void expect_clean(Scenario scenario, bool outbox = false) {
+    std::vector<std::string> channels{"cuda_ipc", "cuda_basic"};
+    if (outbox) channels.insert(channels.begin() + 1, "cuda_ipc/outbox");
+    for (const std::string& channel : channels) {
         INFO("channel " << channel);
         const auto codes = run(scenario, channel);
         if (codes[0] == 77 && codes[1] == 77) {
@@ -678,11 +803,11 @@ void expect_clean(Scenario scenario) {
 
 TEST_CASE("cuda tensors go through the device maps and come back through the reverse maps, byte for byte, over each channel",
           "[rpc][cuda][multiprocess]") {
-    expect_clean(Scenario::routing);
+    expect_clean(Scenario::routing, true);
 }
 
 TEST_CASE("copies wait for the producer's stream, the handler's stream context, and the reply's work", "[rpc][cuda][multiprocess]") {
-    expect_clean(Scenario::ordering);
+    expect_clean(Scenario::ordering, true);
 }
 
 TEST_CASE("1,000 concurrent cuda messages while a competing stream hammers the device", "[rpc][cuda][multiprocess]") {
@@ -690,7 +815,7 @@ TEST_CASE("1,000 concurrent cuda messages while a competing stream hammers the d
 }
 
 TEST_CASE("a tensor its caller lets go of at once is still read whole", "[rpc][cuda][multiprocess]") {
-    expect_clean(Scenario::dropped);
+    expect_clean(Scenario::dropped, true);
 }
 
 TEST_CASE("the peer dying with copies in flight ends every call, and the caller goes on", "[rpc][cuda][multiprocess][fault]") {
@@ -701,8 +826,17 @@ TEST_CASE("a receiver that cannot open the sender's outbox gets every later tens
     expect_clean(Scenario::ipc_denied);
 }
 
+TEST_CASE("a receiver that cannot import the sender's pool gets every later tensor through its outbox",
+          "[rpc][cuda][multiprocess][fault][fake]") {
+    expect_clean(Scenario::pool_denied);
+}
+
+TEST_CASE("a call completes only once its peer stopped reading the caller's tensors in place", "[rpc][cuda][multiprocess]") {
+    expect_clean(Scenario::in_place, true);
+}
+
 TEST_CASE("a graceful shutdown frees the cuda_ipc outbox only after the peer's copies out of it ran", "[rpc][cuda][multiprocess]") {
-    expect_clean(Scenario::teardown);
+    expect_clean(Scenario::teardown, true);
 }
 
 TEST_CASE("on EXCLUSIVE_PROCESS GPUs each worker touches only its own; one whose GPU is held elsewhere starts and says why",

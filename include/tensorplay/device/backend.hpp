@@ -50,6 +50,13 @@ private:
 /// another process on the same host.
 using IpcHandle = std::array<std::uint8_t, 64>;
 
+/// Another process's memory pool made usable here (DeviceBackend::import_pool); released when the
+/// last reference goes, once every pointer imported from it was freed.
+class ImportedPool {
+public:
+    virtual ~ImportedPool() = default;
+};
+
 /// What a device reports about itself.
 struct DeviceProperties {
     Device device;                 ///< cuda:N
@@ -131,6 +138,23 @@ public:
     /// (peer access enabled lazily); unmapped when the last reference goes. Opening and closing
     /// synchronise the device: open once per peer. cuda: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle.
     [[nodiscard]] virtual Result<std::shared_ptr<Storage>> open_memory(Device device, const IpcHandle& handle, std::size_t nbytes);
+    /// A new file descriptor (the caller's to close) for the pool that allocate/allocate_on take
+    /// `device`'s memory from, for another process to import_pool once it has it (SCM_RIGHTS,
+    /// pidfd_getfd). cuda: cudaMemPoolExportToShareableHandle of an IPC-capable pool; Errc::not_supported
+    /// when the device has none (TP_CUDA_IPC_POOL=0, or no driver support) and elsewhere.
+    [[nodiscard]] virtual Result<int> export_pool(Device device);
+    /// What lets a process that imported the pool map `storage` (from allocate/allocate_on, on a
+    /// device with an exported pool). Errc::invalid_argument for other storage; not_supported elsewhere.
+    [[nodiscard]] virtual Result<IpcHandle> export_pointer(Storage& storage);
+    /// Imports another process's pool from its export_pool descriptor `fd` (not taken over), with
+    /// `device` current. Errc::not_supported elsewhere.
+    [[nodiscard]] virtual Result<std::shared_ptr<ImportedPool>> import_pool(Device device, int fd);
+    /// Maps the allocation `handle` (export_pointer's) names in `pool` for work on `stream`'s device
+    /// (access granted on first use); size() is the allocation's own size, as the driver reports it.
+    /// Freed on `stream` when the last reference goes: that free must have run before the exporter
+    /// frees its memory. Errc::not_supported when the size cannot be known (an old driver).
+    [[nodiscard]] virtual Result<std::shared_ptr<Storage>> import_pointer(ImportedPool& pool, Stream stream,
+                                                                          const IpcHandle& handle);
     /// Whether work on `device` can read and write memory of `peer`: true for the same device; cuda:
     /// cudaDeviceCanAccessPeer; sim: true for any two of its devices; cpu: the same device only.
     [[nodiscard]] virtual Result<bool> can_access_peer(Device device, Device peer);

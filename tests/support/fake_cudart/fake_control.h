@@ -49,7 +49,18 @@ long fake_cuda_default_pool_threshold(int device);
  * no cudaIpcOpenMemHandle of one instance's memory in another. */
 /* FAKE_CUDA_IPC_DENY=1 in a process's environment: its cudaIpcOpenMemHandle and cudaIpcOpenEventHandle
  * fail with cudaErrorMapBufferObjectFailed, as in a container without a shared IPC namespace. */
-/** Mappings of other processes' device memory (cudaIpcOpenMemHandle) not closed yet. */
+/** 1 unless FAKE_CUDA_NO_IPC_POOL=1 (then cudaDevAttrMemoryPoolSupportedHandleTypes is none and an
+ *  IPC-capable cudaMemPoolCreate fails with cudaErrorNotSupported, as on platforms without them). */
+int fake_cuda_ipc_pools_supported(void);
+/* IPC pools (fake_pool_ipc.cpp): an exported pool's descriptor is its device heap's memfd; an imported
+ * pool grants no device access until cudaMemPoolSetAccess (a copy touching it otherwise faults with
+ * cudaErrorIllegalAddress); cudaMemPoolExportPointer takes only allocations of IPC-capable pools.
+ * FAKE_CUDA_POOL_IPC_DENY=1 in a process's environment: its cudaMemPoolImportFromShareableHandle fails
+ * with cudaErrorNotSupported (legacy IPC handles still open). */
+/** Bytes of the device-to-device copies (cudaMemcpyAsync) queued in this process so far. */
+long long fake_cuda_device_copy_bytes(void);
+/** Mappings of other processes' device memory (cudaIpcOpenMemHandle, cudaMemPoolImportPointer) not
+ *  closed or freed yet. */
 long fake_cuda_live_imports(void);
 
 #ifdef __cplusplus

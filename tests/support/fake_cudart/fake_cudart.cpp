@@ -140,6 +140,15 @@ Heap& heap_locked(int device) {
     return h;
 }
 
+}  // namespace
+
+int heap_fd(int device) {
+    std::lock_guard lock(state().mutex);
+    return heap_locked(device).fd;
+}
+
+namespace {
+
 // `prefer`: a block this allocation takes first when it is free and large enough (a stream's pool
 // allocation reuses what that stream freed last, as a real pool does).
 cudaError_t heap_alloc(int device, std::size_t n, void** out, const void* prefer = nullptr) {
@@ -188,9 +197,10 @@ bool heap_free(void* p) {
         auto it = h.live.find(off);
         if (it == h.live.end()) return false;
         std::size_t len = it->second;
-        if (h.plain.count(off)) std::memset(h.base + off, 0xdd, len);
+        if (h.plain.count(off) || h.shared.count(off)) std::memset(h.base + off, 0xdd, len);
         h.live.erase(it);
         h.plain.erase(off);
+        h.shared.erase(off);
         h.used -= len;
         std::size_t start = off;
         auto next = h.free.lower_bound(off);
@@ -431,6 +441,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMultiProcessorCount: *value = 132; break;
     case cudaDevAttrComputeMode: *value = exclusive_dir() ? cudaComputeModeExclusiveProcess : cudaComputeModeDefault; break;
+    case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
+    case cudaDevAttrMemoryPoolSupportedHandleTypes:
+        *value = fake_cuda_ipc_pools_supported() ? cudaMemHandleTypePosixFileDescriptor : cudaMemHandleTypeNone;
+        break;
     default: *value = 0;
     }
     return cudaSuccess;
@@ -470,14 +484,22 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props
         return set_error(cudaErrorInvalidValue);
     const int device = props->location.id;
     if (device < 0 || device >= state().visible) return set_error(cudaErrorInvalidDevice);
+    if (props->handleTypes != cudaMemHandleTypeNone &&
+        (props->handleTypes != cudaMemHandleTypePosixFileDescriptor || !fake_cuda_ipc_pools_supported()))
+        return set_error(cudaErrorNotSupported);
     use_device(device);
     *pool = new CUmemPoolHandle_st{device};
+    (*pool)->exportable = props->handleTypes == cudaMemHandleTypePosixFileDescriptor;
     return cudaSuccess;
 }
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
     if (pool == nullptr) return set_error(cudaErrorInvalidValue);
     std::lock_guard lock(state().mutex);
     if (state().devices[pool->device].pool == pool) return set_error(cudaErrorInvalidValue);  // (the default one)
+    if (pool->imported) {
+        if (pool->imports > 0) return set_error(cudaErrorInvalidValue);  // (pointers of it not freed yet)
+        ::munmap(pool->map, pool->map_len);
+    }
     delete pool;  // (the fake's memory is the device's heap: what is still out stays valid)
     return cudaSuccess;
 }
@@ -489,9 +511,15 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t pool, cudaStream_t stream) {
     auto* s = resolve(stream);
     check_current(s->device);
-    if (pool == nullptr || pool->device != s->device) return set_error(cudaErrorInvalidValue);
+    if (pool == nullptr || pool->imported || pool->device != s->device) return set_error(cudaErrorInvalidValue);
     FAKE_CHECK_DEVICE(s->device);
-    return set_error(heap_alloc(s->device, n, p, s->freed.load()));
+    if (auto e = heap_alloc(s->device, n, p, s->freed.load()); e != cudaSuccess) return set_error(e);
+    if (pool->exportable) {
+        std::lock_guard lock(state().mutex);
+        auto& h = state().devices[s->device].heap;
+        h.shared.insert(static_cast<std::size_t>(static_cast<std::uint8_t*>(*p) - h.base));
+    }
+    return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     auto* s = resolve(stream);
@@ -509,9 +537,14 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     if (idle) {
         // An idle stream has passed everything before the free: the block is reusable at once.
         if (heap_free(p)) s->freed = p;
+        else (void)release_pool_import(p);
         return cudaSuccess;
     }
-    push(s, Op{[p, s] { if (heap_free(p)) s->freed = p; }, nullptr, 0, 0, false});
+    push(s, Op{[p, s] {
+                   if (heap_free(p)) s->freed = p;
+                   else (void)release_pool_import(p);
+               },
+               nullptr, 0, 0, false});
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
@@ -536,7 +569,7 @@ cudaError_t cudaFree(void* p) {
     if (const int d = device_of(p, 0); d >= 0) check_current(d);
     // As on a GPU: cudaFree waits for all work of the device first.
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
-    return heap_free(p) ? cudaSuccess : set_error(cudaErrorInvalidValue);
+    return heap_free(p) || release_pool_import(p) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
     ++state().host_alloc_calls;
@@ -593,6 +626,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
                       (kind == cudaMemcpyDeviceToDevice && to_dev && from_dev) ||
                       (kind == cudaMemcpyHostToHost && !to_dev && !from_dev);
     if (!fits) return set_error(cudaErrorInvalidMemcpyDirection);
+    if (pool_access_denied(dst, s->device) || pool_access_denied(src, s->device)) {
+        // Imported pool memory that this device was not granted: the copy faults, as on a GPU.
+        push(s, Op{nullptr, nullptr, 0, cudaErrorIllegalAddress, false});
+        return cudaSuccess;
+    }
+    if (to_dev && from_dev) state().device_copy_bytes += static_cast<long long>(n);
     push(s, Op{[dst, src, n] { std::memmove(dst, src, n); }, nullptr, 0, 0, true});
     return cudaSuccess;
 }
@@ -702,6 +741,7 @@ int cuDeviceTotalMem_v2(size_t* bytes, int device) {
     *bytes = state().devices[device].heap.limit;
     return 0;
 }
+long long fake_cuda_device_copy_bytes(void) { return state().device_copy_bytes.load(); }
 long fake_cuda_live_imports(void) {
     std::lock_guard lock(state().mutex);
     return static_cast<long>(state().imported.size());

@@ -32,6 +32,13 @@ std::shared_ptr<EventShared> map_shared(int fd) {
 
 }  // namespace
 
+// FAKE_CUDA_IPC_DENY=1: this process cannot open other processes' handles (a container without a
+// shared IPC namespace, a MIG instance), as cudaErrorMapBufferObjectFailed.
+bool fake::ipc_denied() {
+    const char* v = std::getenv("FAKE_CUDA_IPC_DENY");
+    return v != nullptr && v[0] == '1';
+}
+
 extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned flags) {
@@ -72,14 +79,6 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t ev) 
     return cudaSuccess;
 }
 
-namespace {
-// FAKE_CUDA_IPC_DENY=1: this process cannot open other processes' handles (a container without a
-// shared IPC namespace, a MIG instance), as cudaErrorMapBufferObjectFailed.
-bool ipc_denied() {
-    const char* v = std::getenv("FAKE_CUDA_IPC_DENY");
-    return v != nullptr && v[0] == '1';
-}
-}  // namespace
 
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* ev, cudaIpcEventHandle_t handle) {
     if (ipc_denied()) return set_error(cudaErrorMapBufferObjectFailed);
@@ -171,7 +170,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     if (in_callback()) return set_error(cudaErrorNotPermitted);
     std::lock_guard lock(state().mutex);
     auto it = state().imported.find(static_cast<std::uint8_t*>(p));
-    if (it == state().imported.end()) return set_error(cudaErrorInvalidValue);
+    if (it == state().imported.end() || it->second.pool != nullptr) return set_error(cudaErrorInvalidValue);
     check_current(it->second.device);
     if (--it->second.opens > 0) return cudaSuccess;  // (another open of it still uses the mapping)
     ::munmap(it->second.map, it->second.map_len);
@@ -192,6 +191,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                    \
     X(cudaErrorLaunchFailure, "unspecified launch failure")                                  \
     X(cudaErrorNotPermitted, "operation not permitted")                                      \
+    X(cudaErrorNotSupported, "operation not supported")                                      \
     X(cudaErrorDeviceUninitialized, "invalid device context") \
     X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed") \
     X(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable")

@@ -52,6 +52,7 @@ struct Heap {
     std::map<std::size_t, std::size_t> free;  // offset -> length
     std::map<std::size_t, std::size_t> live;  // offset -> length
     std::set<std::size_t> plain;              // offsets of cudaMalloc blocks (the IPC-exportable ones)
+    std::set<std::size_t> shared;             // offsets of blocks from IPC-capable pools (cudaMemPoolExportPointer)
 };
 
 // Another process's device memory mapped here by cudaIpcOpenMemHandle.
@@ -63,6 +64,9 @@ struct Imported {
     std::int32_t pid = 0, fd = -1;  ///< the exporter's memfd and where in it (what a second open matches)
     std::uint64_t offset = 0;
     int opens = 1;  ///< a second open of the same memory in this process returns the same pointer, counted
+    /// Imported from a pool (cudaMemPoolImportPointer) instead: the mapping is the pool's; freed with
+    /// cudaFree or cudaFreeAsync, and reachable only from devices the pool grants access to.
+    CUmemPoolHandle_st* pool = nullptr;
 };
 
 struct Device {
@@ -85,6 +89,7 @@ struct State {
     std::set<CUstream_st*> streams;
     std::atomic<long> host_alloc_calls{0};
     std::atomic<long> wrong_device{0};
+    std::atomic<long long> device_copy_bytes{0};
     /// This process was forked after a context existed: as CUDA does, calls fail with
     /// cudaErrorInitializationError (and no stream thread was inherited).
     std::atomic<bool> forked{false};
@@ -122,6 +127,15 @@ void check_current(int device);
 int device_of(const void* p, std::size_t n);
 /// cudaMalloc's allocation (heap_alloc plus the IPC-exportable mark).
 cudaError_t plain_alloc(int device, std::size_t n, void** out);
+/// The memfd of `device`'s heap (made at first use).
+int heap_fd(int device);
+/// Forgets the pool import starting at `p` (cudaFree, cudaFreeAsync); false if `p` is not one.
+bool release_pool_import(const void* p);
+/// Whether [p, p+n) is pool-imported memory that `device` was not granted access to
+/// (cudaMemPoolSetAccess on the imported pool): touching it faults, as on a GPU.
+bool pool_access_denied(const void* p, int device);
+/// Whether this process's handles to other processes' memory are refused (FAKE_CUDA_IPC_DENY=1).
+bool ipc_denied();
 
 }  // namespace fake
 
@@ -146,4 +160,14 @@ struct CUevent_st {
 struct CUmemPoolHandle_st {
     int device = 0;
     std::uint64_t release_threshold = 0;
+    bool exportable = false;  ///< created with a POSIX file descriptor handle type (IPC-capable)
+    // An imported pool (cudaMemPoolImportFromShareableHandle): the exporter's heap memfd mapped here,
+    // which devices of this process may access it (bit d: cuda:d; none until granted), and its
+    // pointer imports still live.
+    bool imported = false;
+    std::uint8_t* map = nullptr;
+    std::size_t map_len = 0;
+    std::uint64_t ino = 0;
+    std::uint32_t access = 0;
+    int imports = 0;
 };
