@@ -407,25 +407,32 @@ Task<int> peer_death(detail::NativeAgent& a, const Child& c) {
 // Issue 34, item 5: worker1 cannot open our outbox (FAKE_CUDA_IPC_DENY, as in a container without a
 // shared IPC namespace). The first cuda_ipc message of each device pair fails, saying why; from then
 // on that pair's tensors are staged and arrive whole, small and chunked.
-Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
+/// The first message of each device pair, an n-byte tensor: when `refused`, it must fail with an
+/// error naming `call` and `why`. 0, or `code` plus 0..3 saying what went wrong.
+Task<int> first_refused(detail::NativeAgent& a, const Child& c, std::size_t n, bool refused, std::string call, std::string why,
+                        int code) {
     auto& b = cuda();
-    const bool denied = c.channel == "cuda_ipc" && test::fake().present;
     for (int d = 0; d < c.devices; ++d) {
         auto s = b.acquire_stream(Device::cuda(d));
-        if (!s) co_return 90;
-        auto t = filled(*s, 4096, d);
-        if (!t) co_return 91;
+        if (!s) co_return code;
+        auto t = filled(*s, n, d);
+        if (!t) co_return code + 1;
         Message m{bytes("first"), {*t}};
         m.streams.push_back(*s);
         const std::string to = "worker1", handler = "echo";
         auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
-        if (denied && r) co_return 92;
-        if (denied && (r.error().message().find("cudaIpcOpen") == std::string::npos ||
-                       r.error().message().find("off from now on") == std::string::npos)) {
+        if (refused && r) co_return code + 2;
+        if (refused && (r.error().message().find(call) == std::string::npos || r.error().message().find(why) == std::string::npos)) {
             std::fprintf(stderr, "the refused message failed with: %s\n", r.error().to_string().c_str());
-            co_return 93;
+            co_return code + 3;
         }
     }
+    co_return 0;
+}
+
+Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
+    const bool denied = c.channel == "cuda_ipc" && test::fake().present;
+    if (int e = co_await first_refused(a, c, 4096, denied, "cudaIpcOpen", "off from now on", 90); e != 0) co_return e;
     for (std::size_t n : {std::size_t{4096}, std::size_t{4096}, (std::size_t{9} << 20) + 5})
         if (!co_await echo_round(a, c, n, static_cast<int>(n % 97), false)) co_return 94;
     if (denied && a.device_stats().staged_sent == 0) co_return 95;
@@ -436,25 +443,9 @@ Task<int> ipc_denied(detail::NativeAgent& a, const Child& c) {
 // one copy for each device pair fails, saying why; from then on that pair's tensors come through
 // our outbox (two copies), whole, and none is staged.
 Task<int> pool_denied(detail::NativeAgent& a, const Child& c) {
-    auto& b = cuda();
     const bool denied = c.channel == "cuda_ipc" && test::fake().present;
     const std::size_t big = std::size_t{2} << 20;
-    for (int d = 0; d < c.devices; ++d) {
-        auto s = b.acquire_stream(Device::cuda(d));
-        if (!s) co_return 140;
-        auto t = filled(*s, big, d);
-        if (!t) co_return 141;
-        Message m{bytes("first"), {*t}};
-        m.streams.push_back(*s);
-        const std::string to = "worker1", handler = "echo";
-        auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
-        if (denied && r) co_return 142;
-        if (denied && (r.error().message().find("cudaMemPoolImportFromShareableHandle") == std::string::npos ||
-                       r.error().message().find("one copy") == std::string::npos)) {
-            std::fprintf(stderr, "the refused message failed with: %s\n", r.error().to_string().c_str());
-            co_return 143;
-        }
-    }
+    if (int e = co_await first_refused(a, c, big, denied, "cudaMemPoolImportFromShareableHandle", "one copy", 140); e != 0) co_return e;
     const auto before = a.device_stats();
     for (std::size_t n : {big, std::size_t{4096}, (std::size_t{9} << 20) + 5})
         if (!co_await echo_round(a, c, n, static_cast<int>(n % 83), false)) co_return 144;
