@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: builds the libFuzzer harnesses of tests/fuzz with clang 14 under ASan+UBSan and runs each for
-# a short fixed time (TP_FUZZ_SECONDS, default 20) over its seed corpus; any crash, leak, UBSan
+# a short fixed time (TP_FUZZ_SECONDS, default 15) over its seed corpus; any crash, leak, UBSan
 # report, invariant failure or oversized allocation fails the harness's test. Results land in
 # BUILD/meson-logs/testlog.json (one test per harness) for scripts/meson_summary.py.
 # Usage: scripts/ci_fuzz.sh [--build-only] [build-dir]   (default build-fuzz; $NINJA overrides ninja)
@@ -44,7 +44,7 @@ for t in json.load(sys.stdin):
 $ninja_cmd -C "$dir" $targets
 $build_only && exit 0
 
-export TP_FUZZ_SECONDS=${TP_FUZZ_SECONDS:-20}
+export TP_FUZZ_SECONDS=${TP_FUZZ_SECONDS:-15}
 rm -f "$dir/meson-logs/testlog.json"
 meson test -C "$dir" --no-rebuild --print-errorlogs --suite fuzz --num-processes "${TP_FUZZ_JOBS:-2}" || true
 python3 scripts/meson_summary.py "$dir/meson-logs/testlog.json"

@@ -98,6 +98,8 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
         for (auto& l : rings) drain(conn, l);
         return Landed::later;
     }
+    // (Imports whose copies were not queued, the frame failing, are freed before the release.)
+    copies.clear();
     if (frame.device_hold != 0) release_when_copied(conn, used, frame.device_hold);
     if (!landed) return fail(std::move(landed).error());
     return Landed::now;
@@ -254,6 +256,8 @@ Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& co
     if (!memory)
         return fail(refuse_pool(conn, p, theirs->index, desc.target,
                                 std::move(memory).error().context("importing a tensor from the pool of " + desc.source.str())));
+    // (Its free goes on this stream, whatever happens next: the release is recorded after it.)
+    (*ds)->from_peer = true;
     const std::size_t size = (*memory)->size();
     if (e.offset > size || desc.nbytes > size - e.offset)
         return fail(Errc::protocol_error, what + " of " + std::to_string(desc.nbytes) + " bytes at " + std::to_string(e.offset) +
@@ -265,7 +269,6 @@ Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& co
     auto t = Tensor::wrap(*dst, desc.dtype, desc.shape);
     if (!t) return fail(std::move(t).error());
     copies.push_back(RefCopy{&b, (*ds)->stream, (*dst)->data(), (*memory)->data() + e.offset, desc.nbytes, std::move(*memory), *ev, true});
-    (*ds)->from_peer = true;
     ++stats_.ipc_received;
     ++stats_.pooled_received;
     return t;
