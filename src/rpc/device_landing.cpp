@@ -75,6 +75,11 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
         if (frame.device_refs.empty()) return ok();
         return land_refs(conn, frame, stream_on, rings, copies);
     }();
+    // (Exports announced for this frame that it did not take, failing first, go with it.)
+    if (!frame.device_refs.empty())
+        if (auto p = peers_.find(conn.get()); p != peers_.end())
+            for (const auto& ref : frame.device_refs)
+                if (auto r = decode_ipc_ref(ref.ref); r && r->pooled) p->second->exports.erase(r->offset);
     // Copies out of the peer's outbox whose events are complete already are queued now (the common
     // case: the frame took longer to come than the peer's copy into its outbox); otherwise the host
     // waits for them (gate), never a stream of ours.
