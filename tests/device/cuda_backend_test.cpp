@@ -620,35 +620,10 @@ IpcHandle from_hex(const std::string& text) {
         h[i] = static_cast<std::uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
     return h;
 }
-// The steps of a two-process test, as lines on two pipes (the child's ends inherited, their numbers
-// in TP_TEST_IPC_STEPS): a wait ends with the step, with EOF when the other process is gone, or
-// after 20 s.
-struct Steps {
-    int in = -1, out = -1;
-    std::string buffered;
-};
-void mark_step(Steps& s, const std::string& name) {
-    const std::string line = name + "\n";
-    REQUIRE(::write(s.out, line.data(), line.size()) == static_cast<ssize_t>(line.size()));
-}
-bool await_step(Steps& s, const std::string& name) {
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    for (;;) {
-        if (const auto nl = s.buffered.find('\n'); nl != std::string::npos) {
-            const std::string line = s.buffered.substr(0, nl);
-            s.buffered.erase(0, nl + 1);
-            if (line == name) return true;
-            continue;
-        }
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-        pollfd p{s.in, POLLIN, 0};
-        if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
-        char buf[256];
-        const auto n = ::read(s.in, buf, sizeof buf);
-        if (n <= 0) return false;
-        s.buffered.append(buf, static_cast<std::size_t>(n));
-    }
-}
+// The steps of the two-process tests (their numbers in TP_TEST_IPC_STEPS).
+using test::Steps;
+void mark_step(Steps& s, const std::string& name) { REQUIRE(s.mark(name)); }
+bool await_step(Steps& s, const std::string& name) { return s.await(name); }
 constexpr std::size_t ipc_bytes = 256 << 10;
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -228,8 +229,11 @@ TEST_CASE("ipc child", "[.ipc_child]") {
     auto s = b.acquire_stream(Device::cuda(0));
     REQUIRE(s);
     REQUIRE(b.wait_event(*s, *ev));
-    std::puts("opened");
-    std::fflush(stdout);
+    test::Steps steps;
+    const char* fds = std::getenv("TP_TEST_IPC_STEPS");
+    REQUIRE(fds != nullptr);
+    REQUIRE(std::sscanf(fds, "%d", &steps.out) == 1);
+    REQUIRE(steps.mark("opened"));
     run_with_deadline(20s, [&]() -> Task<void> {
         auto r = co_await wait_for(b, *ev);
         REQUIRE(r);
@@ -250,11 +254,20 @@ TEST_CASE("another process waits on an interprocess event until this process pas
     const auto len = ::readlink("/proc/self/exe", self, sizeof self - 1);
     REQUIRE(len > 0);
     self[len] = '\0';
-    std::vector<Child> child{spawn({self, "[.ipc_child]"}, {"TP_TEST_IPC_EVENT=" + hex(ipc->second)})};
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (output_of(child[0]).find("opened") == std::string::npos && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(10ms);
-    std::this_thread::sleep_for(200ms);
+    int up[2];  // child -> parent; the parent's end is not inherited
+    REQUIRE(::pipe(up) == 0);
+    REQUIRE(::fcntl(up[0], F_SETFD, FD_CLOEXEC) == 0);
+    std::vector<Child> child{
+        spawn({self, "[.ipc_child]"}, {"TP_TEST_IPC_EVENT=" + hex(ipc->second), "TP_TEST_IPC_STEPS=" + std::to_string(up[1])})};
+    ::close(up[1]);  // (the child's end: the wait below ends with EOF once it is gone)
+    test::Steps steps{up[0], -1, {}};
+    const bool opened = steps.await("opened");
+    ::close(up[0]);
+    if (!opened) {
+        wait_all(child, 1s);
+        FAIL("the child did not open the event: " << child[0].describe());
+    }
+    std::this_thread::sleep_for(200ms);  // (a negative window: the child would pass the event by now without the wait)
     CHECK(output_of(child[0]).find("passed the event") == std::string::npos);  // held back by our stream
     hold.release();
     wait_all(child, 20s);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -134,5 +135,38 @@ inline std::string output_of(const Child& c) {
     s << f.rdbuf();
     return s.str();
 }
+
+/// The steps of a two-process test, as lines on two pipes (the child's ends inherited, their numbers
+/// passed in its environment): a wait ends with the step, with EOF when the other process is gone,
+/// or at its limit. Either end may be -1 (steps go one way only).
+struct Steps {
+    int in = -1, out = -1;
+    std::string buffered;
+
+    /// Tells the other process `name`; false when it cannot be written.
+    bool mark(const std::string& name) {
+        const std::string line = name + "\n";
+        return ::write(out, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    }
+    /// Waits for the other process to say `name` (lines before it are skipped).
+    bool await(const std::string& name, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        for (;;) {
+            if (const auto nl = buffered.find('\n'); nl != std::string::npos) {
+                const std::string line = buffered.substr(0, nl);
+                buffered.erase(0, nl + 1);
+                if (line == name) return true;
+                continue;
+            }
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+            pollfd p{in, POLLIN, 0};
+            if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+            char buf[256];
+            const auto n = ::read(in, buf, sizeof buf);
+            if (n <= 0) return false;
+            buffered.append(buf, static_cast<std::size_t>(n));
+        }
+    }
+};
 
 }  // namespace tensorplay::test
