@@ -246,11 +246,12 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
         if (ipc_viable(*conn, d, targets[i])) {
             auto& box = outboxes_.at(d.index);
             // One copy: the peer copies out of the tensor's own memory, which the hold keeps.
-            if (n >= one_copy_min_ && pool_fds_.count(d.index) != 0 && !peer_of(*conn).pool_off[{d.index, targets[i].index}]) {
+            PeerDevices& peer = peer_of(*conn);
+            if (n >= one_copy_min_ && pool_fds_.count(d.index) != 0 && !peer.pool_off[{d.index, targets[i].index}]) {
                 const auto& storage = t.storage();
                 auto data = b.export_pointer(*storage);
                 if (data && frame_event(box, *ds, hold, reserved)) {
-                    const std::uint64_t id = peer_of(*conn).next_export++;
+                    const std::uint64_t id = peer.next_export++;
                     const auto offset = static_cast<std::uint64_t>(t.data() - storage->data());
                     out.parts.preface.emplace_back(std::string(kIpcExport), encode_pool_export(PoolExport{id, d.index, offset, *data}));
                     hold.tensors.push_back(t);

@@ -1,6 +1,7 @@
 // Private: the agent's device channels (docs/protocol.md, "Channels"). Before a frame with device
 // tensors is sent, its copies are ordered after the work on the message's streams and each device
-// tensor is staged in pinned host memory (cuda_basic: its bytes go inline) or copied into this
+// tensor is staged in pinned host memory (cuda_basic: its bytes go inline), exported from its pool
+// (cuda_ipc with one copy: the peer copies it out of the tensor's own memory) or copied into this
 // process's device outbox (cuda_ipc: the peer copies it out, device to device); an arriving
 // frame's device tensors are landed on fresh pool streams without any host wait. A staged tensor
 // larger than a chunk goes through a few pinned slots while the frame is written (device_staging.hpp).
@@ -81,7 +82,7 @@ public:
                                                         std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
 
     /// Receiving on `conn`: lands `frame`'s device tensors on fresh pool streams (staged host
-    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox once the host has seen its
+    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox or pool once the host has seen its
     /// event complete: no stream of ours ever waits on another process) and names those streams in
     /// `streams`; the frame's device hold is released once the copies ran. An error fails the frame
     /// (protocol_error: a bad ref, and the connection should close). `later`: a frame with tensors

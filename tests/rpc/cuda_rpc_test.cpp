@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 using namespace tensorplay;
 using namespace std::chrono_literals;
@@ -141,6 +142,18 @@ Task<bool> echo_round(RpcAgent& a, const Child& c, std::size_t n, int seed, bool
     co_return true;
 }
 
+/// A message `text` with one n-byte tensor of pattern `seed` on a fresh pool stream of `d`, which it
+/// names as its stream there; nullopt when the stream or tensor could not be made.
+std::optional<Message> tensor_message(Device d, std::size_t n, int seed, const char* text) {
+    auto s = cuda().acquire_stream(d);
+    if (!s) return std::nullopt;
+    auto t = filled(*s, n, seed);
+    if (!t) return std::nullopt;
+    Message m{bytes(text), {*t}};
+    m.streams.push_back(*s);
+    return m;
+}
+
 Task<int> routing(detail::NativeAgent& a, const Child& c) {
     // (3 MiB + 17 and 9 MiB + 5: cuda_basic stages them in 2 MiB chunks through 4 slots, the
     // second reusing slots; cuda_ipc sends the second through a ring of 4 1 MiB chunks, each slot
@@ -231,16 +244,11 @@ Task<int> ordering(detail::NativeAgent& a, const Child& c) {
     for (const Stream& p : pool) slow_down(p, 0);
     if (!landed) co_return 37;
     // The handler's kernel runs on its stream context after the inputs arrived; the reply waits.
-    auto& b = cuda();
-    auto s = b.acquire_stream(Device::cuda(0));
-    if (!s) co_return 31;
     const std::size_t n = 512 * 1024;
-    auto t = filled(*s, n, 7);
-    if (!t) co_return 32;
-    Message m{bytes("k"), {*t}};
-    m.streams.push_back(*s);
+    auto m = tensor_message(Device::cuda(0), n, 7, "k");
+    if (!m) co_return 31;
     const std::string to = "worker1", handler = "kernel";
-    auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+    auto r = co_await a.rpc_async(to, handler, std::move(*m), 20);
     if (!r || r->tensors.size() != 2) co_return 33;
     auto out = co_await read_back(r->tensors[0], stream_of(*r, r->tensors[0].device()));
     auto constant = co_await read_back(r->tensors[1], stream_of(*r, r->tensors[1].device()));
@@ -408,19 +416,14 @@ Task<int> peer_death(detail::NativeAgent& a, const Child& c) {
 // shared IPC namespace). The first cuda_ipc message of each device pair fails, saying why; from then
 // on that pair's tensors are staged and arrive whole, small and chunked.
 /// The first message of each device pair, an n-byte tensor: when `refused`, it must fail with an
-/// error naming `call` and `why`. 0, or `code` plus 0..3 saying what went wrong.
+/// error naming `call` and `why`. 0, or `code` plus 1..3 saying what went wrong.
 Task<int> first_refused(detail::NativeAgent& a, const Child& c, std::size_t n, bool refused, std::string call, std::string why,
                         int code) {
-    auto& b = cuda();
     for (int d = 0; d < c.devices; ++d) {
-        auto s = b.acquire_stream(Device::cuda(d));
-        if (!s) co_return code;
-        auto t = filled(*s, n, d);
-        if (!t) co_return code + 1;
-        Message m{bytes("first"), {*t}};
-        m.streams.push_back(*s);
+        auto m = tensor_message(Device::cuda(d), n, d, "first");
+        if (!m) co_return code + 1;
         const std::string to = "worker1", handler = "echo";
-        auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+        auto r = co_await a.rpc_async(to, handler, std::move(*m), 20);
         if (refused && r) co_return code + 2;
         if (refused && (r.error().message().find(call) == std::string::npos || r.error().message().find(why) == std::string::npos)) {
             std::fprintf(stderr, "the refused message failed with: %s\n", r.error().to_string().c_str());
@@ -500,16 +503,11 @@ bool is_exclusive(Scenario s) { return s == Scenario::exclusive || s == Scenario
 // when a third process holds worker1's GPU, worker1 still starts, CPU calls work, and a cuda call to
 // it fails saying why.
 Task<int> exclusive_calls(detail::NativeAgent& a, bool held) {
-    auto& b = cuda();
-    auto s = b.acquire_stream(Device::cuda(0));
-    if (!s) co_return 120;
     const std::size_t n = 4096;
-    auto t = filled(*s, n, 7);
-    if (!t) co_return 121;
-    Message m{bytes("exclusive"), {*t}};
-    m.streams.push_back(*s);
+    auto m = tensor_message(Device::cuda(0), n, 7, "exclusive");
+    if (!m) co_return 121;
     const std::string to = "worker1", handler = "echo";
-    auto r = co_await a.rpc_async(to, handler, std::move(m), 20);
+    auto r = co_await a.rpc_async(to, handler, std::move(*m), 20);
     if (!held) {
         if (!r || r->tensors.size() != 1 || r->tensors[0].device() != Device::cuda(0)) {
             std::fprintf(stderr, "exclusive: %s\n", r ? "the reply has other tensors" : r.error().to_string().c_str());
