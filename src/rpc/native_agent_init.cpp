@@ -19,6 +19,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/ip/address.hpp>
 #include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
@@ -304,10 +305,23 @@ Task<Result<void>> AgentCore::start() {
     });
     state = State::running;
 
+    // A peer whose address is published is starting too: a connect that times out or is refused
+    // (its loop is slow, its listener's backlog full) is tried again until the startup deadline,
+    // with a backoff. A refusal of our key, no common transport or a foreign peer ends it at once.
+    const auto connect_deadline = Clock::now() + wait_limit;
     for (int r = 0; r < world_size; ++r) {
         if (r == self.id) continue;
-        auto c = co_await ensure_connected(r, tuning.limits.handshake_timeout);
-        if (!c) co_return fail(c.error());
+        auto backoff = std::chrono::milliseconds(20);
+        for (;;) {
+            auto c = co_await ensure_connected(r, tuning.limits.handshake_timeout);
+            if (c) break;
+            if (c.error().code() != Errc::connection_lost || state == State::closed || Clock::now() + backoff >= connect_deadline)
+                co_return fail(c.error());
+            log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": " + c.error().message() + "; trying again");
+            asio::steady_timer pause(ex, backoff);
+            if (auto [ec] = co_await pause.async_wait(use_nothrow); ec) co_return fail(c.error());
+            backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+        }
     }
     log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": connected to every worker; waiting until all are");
     if (auto b = co_await barrier("ready", wait_limit, false); !b)

@@ -25,6 +25,7 @@ class ProxiedView final : public Store {
 public:
     explicit ProxiedView(std::shared_ptr<Store> inner) : inner_(std::move(inner)) { timeout_ = inner_->timeout(); }
     std::unique_ptr<FaultProxy> proxy;  ///< made when worker0 reads worker1's record
+    std::function<void(FaultProxy&)> on_proxy;  ///< called once the proxy is made, before any connect
     using Store::wait;
 
     Task<Result<void>> set(std::string k, Bytes v) override { return inner_->set(std::move(k), std::move(v)); }
@@ -73,6 +74,7 @@ private:
         }
         REQUIRE_FALSE(in.failed());
         REQUIRE(proxy);
+        if (on_proxy) on_proxy(*proxy);
         return std::move(out).take();
     }
     std::shared_ptr<Store> inner_;
@@ -84,14 +86,14 @@ struct ProxiedGroup {
     FaultProxy& proxy() { return *view->proxy; }
 };
 
-// Three agents; worker0 reaches worker1 through the proxy. Each has "echo" and "hold" (held
-// until `release` is signalled, signalling `entered`).
-Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& release) {
+// `n` agents started at once; worker0 reaches worker1 through the proxy (`on_proxy` sees it
+// before worker0 connects) and runs with `tuning0`.
+Task<ProxiedGroup> start_proxied_group(int n, detail::NativeAgentTuning tuning0, std::function<void(FaultProxy&)> on_proxy) {
     auto ex = co_await asio::this_coro::executor;
     ProxiedGroup pg;
     pg.g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
     pg.view = std::make_shared<ProxiedView>(pg.g.store);
-    const int n = 3;
+    pg.view->on_proxy = std::move(on_proxy);
     const test::Configure uv_only = [](int, TensorPipeRpcBackendOptions& o) { o.transports = std::vector<std::string>{"uv"}; };
     pg.g.agents.resize(n);
     std::vector<std::optional<Error>> errors(n);
@@ -99,7 +101,7 @@ Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& relea
     for (int r = 0; r < n; ++r) {
         std::shared_ptr<Store> s = r == 0 ? std::shared_ptr<Store>(pg.view) : std::shared_ptr<Store>(pg.g.store);
         // TCP only: the proxy sits on the TCP link (a same-host uds connection would bypass it).
-        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, uv_only)),
+        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, uv_only), r == 0 ? tuning0 : detail::NativeAgentTuning{}),
                        [&pg, &errors, &done, r](std::exception_ptr e, Result<test::AgentPtr> a) {
                            if (e) errors[r] = Error(Errc::internal, "exception while starting");
                            else if (a) pg.g.agents[r] = *a;
@@ -111,6 +113,13 @@ Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& relea
     for (int r = 0; r < n; ++r)
         if (errors[r]) FAIL("worker" << r << " did not start: " << errors[r]->to_string());
     REQUIRE(pg.view->proxy);
+    co_return pg;
+}
+
+// Three agents; worker0 reaches worker1 through the proxy. Each has "echo" and "hold" (held
+// until `release` is signalled, signalling `entered`).
+Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& release) {
+    auto pg = co_await start_proxied_group(3, detail::NativeAgentTuning{}, {});
     test::register_echo(pg.g);
     for (auto& a : pg.g.agents) REQUIRE(a->register_handler("hold", test::held_handler(entered, release)));
     co_return pg;
@@ -296,6 +305,32 @@ TEST_CASE("a stalled link ends calls at their timeout, and the link works again 
             co_await test::shutdown_all(pg.g);
         });
     }
+}
+
+TEST_CASE("at startup a peer that does not answer within the handshake timeout is tried again until it does",
+          "[rpc][agent][fault][proxy]") {
+    // worker1 is slow to answer (its loop busy, its machine loaded): for 800 ms nothing crosses
+    // the link, and worker0's 200 ms handshakes time out. The start must go on, not fail.
+    test::run_with_deadline(20s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        detail::NativeAgentTuning tuning;
+        tuning.limits.handshake_timeout = 200ms;
+        auto pg = co_await start_proxied_group(2, tuning, [ex](FaultProxy& proxy) {
+            proxy.stall(Direction::to_server);
+            proxy.stall(Direction::to_client);
+            asio::co_spawn(ex, [&proxy]() -> Task<void> {
+                co_await test::sleep_for(800ms);
+                proxy.resume(Direction::to_server);
+                proxy.resume(Direction::to_client);
+            }, asio::detached);
+        });
+        CHECK(pg.proxy().accepted() >= 2);  // (the first attempt timed out; another got through)
+        test::register_echo(pg.g);
+        auto r = co_await pg.g[0]->rpc_async("worker1", "echo", test::text_message("late"), 5);
+        REQUIRE(r);
+        CHECK(r->payload == bytes("late"));
+        co_await test::shutdown_all(pg.g);
+    });
 }
 
 TEST_CASE("a delayed link still delivers every call", "[rpc][agent][fault][proxy]") {
