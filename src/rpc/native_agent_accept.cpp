@@ -23,7 +23,7 @@ void warn_refused(AgentCore& core, const std::string& what) {
     if (core.refusals_logged.allow(note)) log(LogLevel::warn, "rpc", what + note);
 }
 
-Task<void> accept_inbound(std::shared_ptr<AgentCore> core, Stream stream, std::uint64_t ticket) {
+Task<void> accept_inbound(std::shared_ptr<AgentCore> core, TransportStream stream, std::uint64_t ticket) {
     HandshakeAuth auth;
     auth.key = core->auth_key;
     auth.admit = [c = core.get()](const HelloInfo& peer) { return c->admit(peer); };  // (runs within this coroutine)

@@ -64,8 +64,8 @@ std::size_t try_write_now(asio::generic::stream_protocol::socket& sock, const st
     return sendmsg_now(sock.native_handle(), iov.data(), iov.size(), ec);
 }
 
-/// shm: one write_some of as much of `bufs` as the peer's ring takes.
-Result<std::size_t> shm_write_now(shm::ShmConnection& c, const std::vector<asio::const_buffer>& bufs, std::vector<iovec>& iov) {
+/// polled: one write_some of as much of `bufs` as the stream takes.
+Result<std::size_t> polled_write_now(ByteStream& c, const std::vector<asio::const_buffer>& bufs, std::vector<iovec>& iov) {
     iov.clear();
     for (const auto& b : bufs)
         if (b.size() > 0) iov.push_back(iovec{const_cast<void*>(b.data()), b.size()});
@@ -92,8 +92,8 @@ void consume(std::vector<asio::const_buffer>& bufs, std::size_t n) {
 }
 }  // namespace
 
-bool ConnectionState::shm_write_iov(iovec* v, std::size_t count, std::size_t& written) {
-    auto w = v ? shm->write_some(std::span<const iovec>(v, count)) : shm_write_now(*shm, bufs, iov);
+bool ConnectionState::polled_write_iov(iovec* v, std::size_t count, std::size_t& written) {
+    auto w = v ? polled->write_some(std::span<const iovec>(v, count)) : polled_write_now(*polled, bufs, iov);
     if (!w) {
         close(std::move(w).error().context("writing to " + who()).on_worker(peer.name));
         return false;
@@ -102,14 +102,14 @@ bool ConnectionState::shm_write_iov(iovec* v, std::size_t count, std::size_t& wr
     return true;
 }
 
-Task<Result<void>> ConnectionState::shm_write(std::vector<asio::const_buffer>& b) {
+Task<Result<void>> ConnectionState::polled_write(std::vector<asio::const_buffer>& b) {
     for (;;) {
-        auto n = shm_write_now(*shm, b, iov);
+        auto n = polled_write_now(*polled, b, iov);
         if (!n) co_return fail(std::move(n).error());
         consume(b, *n);
         if (asio::buffer_size(b) == 0) co_return ok();
         if (*n == 0)
-            if (auto w = co_await shm->wait_writable(); !w) co_return w;
+            if (auto w = co_await polled->wait_writable(); !w) co_return w;
     }
 }
 
@@ -135,8 +135,8 @@ void ConnectionState::flush_now() {
     std::error_code ec;
     const std::size_t total = asio::buffer_size(bufs);
     std::size_t n = 0;
-    if (shm) [[unlikely]] {
-        if (!shm_write_iov(nullptr, 0, n)) return;
+    if (polled) [[unlikely]] {
+        if (!polled_write_iov(nullptr, 0, n)) return;
     } else {
         n = try_write_now(socket, bufs, iov, ec);
     }
@@ -173,8 +173,8 @@ Result<void> ConnectionState::send_direct(Bytes& payload, std::vector<Tensor>& t
     for (auto& t : tensors) add(t.data(), t.nbytes());
     std::error_code ec;
     std::size_t written = 0;
-    if (shm) [[unlikely]] {
-        if (!shm_write_iov(v, cnt, written)) return fail(closed_error());
+    if (polled) [[unlikely]] {
+        if (!polled_write_iov(v, cnt, written)) return fail(closed_error());
     } else {
         written = sendmsg_now(socket.native_handle(), v, cnt, ec);
     }
@@ -199,8 +199,8 @@ namespace {
 /// Writes every byte of `s.bufs` (the ring's way or the socket's), or the error that closes the
 /// connection.
 Task<Result<void>> write_all(ConnectionState& s) {
-    if (s.shm) {
-        auto w = co_await s.shm_write(s.bufs);
+    if (s.polled) {
+        auto w = co_await s.polled_write(s.bufs);
         if (!w) co_return fail(std::move(w).error().context("writing to " + s.who()));
         co_return ok();
     }
@@ -297,8 +297,8 @@ Task<void> writer_loop(std::shared_ptr<ConnectionState> s) {
         s->gather(s->batch, s->queue_written);
         s->queue_written = 0;
         std::error_code ec;
-        if (s->shm) {
-            auto w = co_await s->shm_write(s->bufs);
+        if (s->polled) {
+            auto w = co_await s->polled_write(s->bufs);
             s->writing = false;
             s->batch.clear();
             s->batch_bytes = 0;
@@ -409,7 +409,7 @@ Task<Result<std::shared_ptr<ConnectionState>>> connect_negotiated(Address addres
         }
         s->peer = std::move(*peer);
         if (s->negotiated.transport == s->transport) {
-            if (auto r = co_await finish_rings(*s, limits.handshake_timeout); !r) {
+            if (auto r = co_await finish_transport(*s, limits.handshake_timeout); !r) {
                 s->close(std::nullopt);
                 co_return fail(std::move(r).error());
             }
@@ -479,22 +479,23 @@ Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::sock
         const int fd = socket.release(ec);
         if (!ec) generic.assign(protocol, fd, ec);
     }
-    return accept(std::move(generic), "uv", std::move(endpoint), std::move(local), std::move(limits), std::move(auth));
+    detail::TransportStream stream{std::move(generic), "uv", std::move(endpoint), true, nullptr};
+    return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
 }
 
 Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stream_protocol::socket socket,
                                                              std::string transport, std::string endpoint, HelloInfo local,
                                                              ConnectionLimits limits, HandshakeAuth auth) {
-    const bool tcp = transport == "uv";
-    detail::Stream stream{std::move(socket), std::move(transport), std::move(endpoint), tcp, nullptr};
+    auto named = detail::transport_named(transport);
+    const bool tcp = named && (*named)->tcp();
+    detail::TransportStream stream{std::move(socket), std::move(transport), std::move(endpoint), tcp, nullptr};
     return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
 }
 
-Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(Stream stream, HelloInfo local, ConnectionLimits limits,
+Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(TransportStream stream, HelloInfo local, ConnectionLimits limits,
                                                                 HandshakeAuth auth) {
     auto timeout = limits.handshake_timeout;
-    const bool tcp = stream.transport == "uv";
-    auto s = std::make_shared<detail::ConnectionState>(std::move(stream.socket), std::move(limits), tcp);
+    auto s = std::make_shared<detail::ConnectionState>(std::move(stream.socket), std::move(limits), stream.tcp);
     s->transport = std::move(stream.transport);
     s->endpoint = std::move(stream.endpoint);
     s->peer_pid = stream.peer_pid;
@@ -513,7 +514,7 @@ Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(Stream stream, H
         s->close(std::nullopt);
         co_return ConnectionAccess::wrap(std::move(s));
     }
-    if (auto r = co_await detail::finish_rings(*s, timeout); !r) {
+    if (auto r = co_await detail::finish_transport(*s, timeout); !r) {
         s->close(std::nullopt);
         co_return fail(std::move(r).error().context("setting up the rings of " + s->endpoint));
     }
@@ -566,14 +567,14 @@ bool detail::input_pending(const Connection& c) noexcept {
 
 Task<Result<Frame>> Connection::receive() {
     // (The state stays alive across the read even if this handle goes.)
-    if (state_->shm) return state_->shm_read_frame(state_);
+    if (state_->polled) return state_->polled_read_frame(state_);
     return state_->read_frame(state_);
 }
 
 void detail::dispatch_to(Connection& c, std::shared_ptr<FrameSink> sink) {
     auto s = ConnectionAccess::shared_state(c);
     auto* op = recycled_new<DispatchOp>(s->socket, s->edge, DispatchReader{s, std::move(sink)});
-    if (s->shm) dispatch_shm_frames(*op);
+    if (s->polled) dispatch_polled_frames(*op);
     else dispatch_frames(*op);
 }
 

@@ -1,6 +1,6 @@
 // Connection, reading side driving a sink (dispatch_to): small frames are parsed and handed over
 // from the socket read's completion; a frame with tensors or a large payload, and every frame of
-// an shm connection, goes through a coroutine of the connection's task group.
+// a polled stream (ByteStream), goes through a coroutine of the connection's task group.
 #include "transport/connection_state.hpp"
 
 #include <tensorplay/core/log.hpp>
@@ -126,8 +126,8 @@ void dispatch_frames(DispatchOp& op) {
 }
 
 namespace {
-/// The shm dispatch reader's life (dispatch_shm_frames). `owner` ends the op when it returns.
-Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
+/// The polled dispatch reader's life (dispatch_polled_frames). `owner` ends the op when it returns.
+Task<void> dispatch_polled(RearmedReadOwner<DispatchReader> owner) {
     co_await asio::this_coro::throw_if_cancelled(false);  // (a close ends it by the failed read)
     DispatchReader& r = owner.op->reader;
     ConnectionState& s = *r.s;  // (the reader holds the state)
@@ -151,9 +151,9 @@ Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
             }
             // (FrameSink::awaiting_input steers the socket's recheck of a FIN: the rings' end
             // shows by the setup socket instead, so it is not asked.)
-            auto k = co_await s.shm_read(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend);
+            auto k = co_await s.polled_read(s.rbuf.data() + s.rend, s.rbuf.size() - s.rend);
             if (!k) {
-                r.sink->on_closed(s.shm_read_error(std::move(k).error()));
+                r.sink->on_closed(s.polled_read_error(std::move(k).error()));
                 co_return;
             }
             s.rend += *k;
@@ -167,10 +167,10 @@ Task<void> dispatch_shm(RearmedReadOwner<DispatchReader> owner) {
 }
 }  // namespace
 
-void dispatch_shm_frames(DispatchOp& op) {
+void dispatch_polled_frames(DispatchOp& op) {
     auto keep = op.reader.s;
     auto sink = op.reader.sink;
-    spawn_reader(std::move(keep), std::move(sink), dispatch_shm(RearmedReadOwner<DispatchReader>(&op)));
+    spawn_reader(std::move(keep), std::move(sink), dispatch_polled(RearmedReadOwner<DispatchReader>(&op)));
 }
 
 }  // namespace tensorplay::detail

@@ -60,7 +60,7 @@ struct ConnectionAccess {
 
 /// As Connection::accept(), on a stream a transport's Listener accepted (the library's agent; an
 /// shm stream's ring setup runs first, within the handshake timeout).
-[[nodiscard]] Task<Result<std::shared_ptr<Connection>>> accept_stream(Stream stream, HelloInfo local, ConnectionLimits limits,
+[[nodiscard]] Task<Result<std::shared_ptr<Connection>>> accept_stream(TransportStream stream, HelloInfo local, ConnectionLimits limits,
                                                                      HandshakeAuth auth);
 
 /// As Connection::send(Frame), without building a Frame: `payload` and `tensors` are moved from

@@ -37,9 +37,9 @@ namespace {
 /// co_await expression is destroyed twice by GCC 12; callers pass named locals.)
 Task<Result<void>> write_all(ConnectionState& s, const Bytes& bytes) {
     s.wrote_last = true;
-    if (s.shm) {
+    if (s.polled) {
         std::vector<asio::const_buffer> b(1, asio::buffer(bytes));
-        auto w = co_await s.shm_write(b);
+        auto w = co_await s.polled_write(b);
         if (!w) co_return fail(std::move(w).error().context("sending the handshake to " + s.endpoint));
         co_return ok();
     }
@@ -336,22 +336,18 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
     co_return std::move(theirs->info);
 }
 
-Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout) {
-    if (s.transport != "shm" || s.shm) co_return ok();
-    if (s.rend != s.rbeg)
-        co_return fail(s.broken(Error(Errc::protocol_error,
-                                      "peer " + s.who() + " sent " + std::to_string(s.rend - s.rbeg) +
-                                          " bytes after the handshake, before its shm setup",
-                                      s.peer.name)));
-    Stream st{std::move(s.socket), s.transport, s.endpoint, false, nullptr, s.peer_pid};
-    auto setting_up = finish_stream(st, timeout, s.wrote_last);
-    auto r = co_await std::move(setting_up);
-    s.socket = std::move(st.socket);  // (closed once the rings hold it; its executor stays ours)
-    if (!r) co_return fail(std::move(r).error());
-    s.shm = std::move(st.shm);
-    s.shm_spin = shm::spin_from_env();
+Task<Result<void>> finish_transport(ConnectionState& s, Duration timeout) {
+    if (s.polled) co_return ok();
+    TransportStream st{std::move(s.socket), s.transport, s.endpoint, s.tcp, nullptr, s.peer_pid};
+    auto finishing = finish_stream(st, timeout, s.wrote_last, s.rend - s.rbeg);
+    auto r = co_await std::move(finishing);
+    s.socket = std::move(st.socket);  // (closed if a polled stream holds it; its executor stays ours)
+    if (!r) co_return fail(s.broken(std::move(r).error().on_worker(s.peer.name)));
+    if (st.polled) {
+        s.polled = std::move(st.polled);
+        s.poll_spin = s.polled->poll_spin();
+    }
     co_return ok();
 }
-
 
 }  // namespace tensorplay::detail

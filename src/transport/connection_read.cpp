@@ -33,9 +33,9 @@ Task<Result<void>> ConnectionState::fill(std::size_t n) {
     }
     while (rend - rbeg < n) {
         if (!open) co_return fail(closed_error());
-        if (shm) {
-            auto k = co_await shm_read(rbuf.data() + rend, rbuf.size() - rend);
-            if (!k) co_return fail(shm_read_error(std::move(k).error()));
+        if (polled) {
+            auto k = co_await polled_read(rbuf.data() + rend, rbuf.size() - rend);
+            if (!k) co_return fail(polled_read_error(std::move(k).error()));
             rend += *k;
             continue;
         }
@@ -72,9 +72,9 @@ Task<Result<void>> ConnectionState::read_into(std::uint8_t* dst, std::size_t n) 
         // Edge reads here too: each chunk the kernel holds is read once, with no EAGAIN read
         // between chunks.
         while (n > 0) {
-            if (shm) {
-                auto got = co_await shm_read(dst, n);
-                if (!got) co_return fail(shm_read_error(std::move(got).error()));
+            if (polled) {
+                auto got = co_await polled_read(dst, n);
+                if (!got) co_return fail(polled_read_error(std::move(got).error()));
                 dst += *got;
                 n -= *got;
                 continue;
@@ -265,15 +265,15 @@ Task<Result<Frame>> ConnectionState::read_frame(std::shared_ptr<ConnectionState>
 }
 
 namespace {
-/// shm_read yields its core every this many turns at most (when no yield gave the core away).
-constexpr unsigned kShmYieldEvery = 8;
+/// polled_read yields its core every this many turns at most (when no yield gave the core away).
+constexpr unsigned kPollYieldEvery = 8;
 /// A sched_yield that took this long ran another task on this core: likely the peer.
 constexpr auto kYieldRanOther = std::chrono::microseconds(2);
 }  // namespace
 
-Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size_t n) {
+Task<Result<std::size_t>> ConnectionState::polled_read(std::uint8_t* dst, std::size_t n) {
     const std::span<std::uint8_t> into(dst, n);
-    auto k = shm->read_some(into);
+    auto k = polled->read_some(into);
     if (!k || *k > 0) {
         ++stats.reads;
         sends_at_read = sends;
@@ -283,25 +283,25 @@ Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size
     // Look again while the peer may be about to answer, letting every other handler of this event
     // loop run between looks (spinning in place would hold back the very work that answers);
     // then sleep on the doorbell, which the event loop watches.
-    const auto until = Clock::now() + shm_spin;
+    const auto until = Clock::now() + poll_spin;
     auto ex = socket.get_executor();
     for (unsigned turn = 1;; ++turn) {
-        k = shm->read_some(into);
+        k = polled->read_some(into);
         if (!k || *k > 0) break;
         const auto now = Clock::now();
-        if (shm_spin.count() > 0 && now < until) {
+        if (poll_spin.count() > 0 && now < until) {
             // Give the core to a peer that shares it: at every turn while yielding runs another
             // task (the peer, most likely), else now and then (a peer on another core answers
             // without it, and the call costs a system call). The event loop runs its other work
             // between turns.
-            if (shm_yield_every <= 1 || turn % shm_yield_every == 0) {
+            if (poll_yield_every <= 1 || turn % poll_yield_every == 0) {
                 ::sched_yield();
-                shm_yield_every = Clock::now() - now > kYieldRanOther ? 1 : kShmYieldEvery;
+                poll_yield_every = Clock::now() - now > kYieldRanOther ? 1 : kPollYieldEvery;
             }
             co_await asio::post(ex, use_nothrow);
             continue;
         }
-        auto w = co_await shm->wait_readable();
+        auto w = co_await polled->wait_readable();
         if (!w) {
             k = fail(std::move(w).error());
             break;
@@ -313,7 +313,7 @@ Task<Result<std::size_t>> ConnectionState::shm_read(std::uint8_t* dst, std::size
     co_return k;
 }
 
-Error ConnectionState::shm_read_error(Error e) {
+Error ConnectionState::polled_read_error(Error e) {
     if (!open) return closed_error();
     if (e.code() == Errc::connection_lost && (rend > rbeg || in_frame))
         return broken(Error(Errc::connection_lost,
@@ -323,7 +323,7 @@ Error ConnectionState::shm_read_error(Error e) {
     return broken(std::move(e).context("reading from " + who()).on_worker(peer.name));
 }
 
-Task<Result<Frame>> ConnectionState::shm_read_frame(std::shared_ptr<ConnectionState> keep) {
+Task<Result<Frame>> ConnectionState::polled_read_frame(std::shared_ptr<ConnectionState> keep) {
     (void)keep;
     for (;;) {
         if (!open) co_return fail(closed_error());
@@ -333,8 +333,8 @@ Task<Result<Frame>> ConnectionState::shm_read_frame(std::shared_ptr<ConnectionSt
         if (p == Parse::frame) co_return std::move(f);
         if (p == Parse::bad) co_return fail(std::move(*err));
         if (p == Parse::general) break;
-        auto k = co_await shm_read(rbuf.data() + rend, rbuf.size() - rend);
-        if (!k) co_return fail(shm_read_error(std::move(k).error()));
+        auto k = co_await polled_read(rbuf.data() + rend, rbuf.size() - rend);
+        if (!k) co_return fail(polled_read_error(std::move(k).error()));
         rend += *k;
     }
     co_return co_await read_general();

@@ -12,7 +12,7 @@
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
-#include "transport/shm/shm_connection.hpp"
+#include "transport/byte_stream.hpp"
 
 #include <asio/steady_timer.hpp>
 
@@ -86,22 +86,23 @@ struct ConnectionState {
     }
 
     asio::generic::stream_protocol::socket socket;
-    /// Set: the bytes run over these shared-memory rings instead of `socket` (which stays closed
-    /// and lends only its executor). Every read and write point below looks at it first; the
-    /// socket paths are unchanged.
-    std::unique_ptr<shm::ShmConnection> shm;
-    /// shm: how long a read that finds nothing keeps looking, letting the event loop run between
-    /// looks, before it sleeps on the doorbell (TP_SHM_SPIN_US).
-    std::chrono::microseconds shm_spin{0};
-    /// shm: shm_read yields its core every this many turns (1 while yielding runs another task).
-    unsigned shm_yield_every = 1;
+    /// Set: the bytes run over this stream, polled (its transport set it up after the handshake:
+    /// shm's rings), and `socket` stays closed, lending only its executor. Every read and write
+    /// point below looks at it first; the socket paths are unchanged.
+    std::unique_ptr<ByteStream> polled;
+    /// polled: how long a read that finds nothing keeps looking, letting the event loop run between
+    /// looks, before it waits (ByteStream::poll_spin).
+    std::chrono::microseconds poll_spin{0};
+    /// polled: polled_read yields its core every this many turns (1 while yielding runs another task).
+    unsigned poll_yield_every = 1;
     ConnectionLimits limits;
     bool tcp = true;
     std::string transport = "uv";  ///< the transport this stream is of
     Negotiated negotiated;          ///< what the handshake chose
     bool redirected = false;        ///< server side: the handshake chose another transport
-    /// The handshake's last message was ours: over shm we then wait for the peer's ring setup
-    /// before sending ours (its side read last, and may have read ahead: it sends first).
+    /// The handshake's last message was ours: a transport that sets up another stream after it
+    /// (Transport::finish) then waits for the peer's setup before sending ours (its side read
+    /// last, and may have read ahead: it sends first).
     bool wrote_last = false;
     HelloInfo peer;
     HandshakeAuth auth;  ///< during the handshake only
@@ -190,7 +191,7 @@ struct ConnectionState {
         std::error_code ec;
         socket.shutdown(asio::socket_base::shutdown_both, ec);
         socket.close(ec);
-        if (shm) shm->close();
+        if (polled) polled->close();
         wake.complete_later();
         output_drained.complete_later();
         watchdog.cancel();
@@ -247,19 +248,19 @@ struct ConnectionState {
     /// rest of the bytes skipped); a read's error is the result (the connection is closed).
     Task<Result<void>> read_sunk(ByteSink& sink, std::size_t n, std::optional<Error>& refused);
 
-    /// shm: reads up to `n` bytes into `dst`, at least one: what has arrived, else it looks again
-    /// for shm_spin (yielding to the event loop between looks), then sleeps on the doorbell.
-    /// Errors as ShmConnection::read_some (pass them through shm_read_error).
-    Task<Result<std::size_t>> shm_read(std::uint8_t* dst, std::size_t n);
-    /// shm: the error of a failed read, as read_error's (the connection is closed by it).
-    Error shm_read_error(Error e);
-    /// shm: one write of `v` (null: of `bufs`) into the peer's ring; false when it failed (the
+    /// polled: reads up to `n` bytes into `dst`, at least one: what has arrived, else it looks
+    /// again for poll_spin (yielding to the event loop between looks), then waits until readable.
+    /// Errors as ByteStream::read_some (pass them through polled_read_error).
+    Task<Result<std::size_t>> polled_read(std::uint8_t* dst, std::size_t n);
+    /// polled: the error of a failed read, as read_error's (the connection is closed by it).
+    Error polled_read_error(Error e);
+    /// polled: one write of `v` (null: of `bufs`); false when it failed (the
     /// connection is then closed). Out of line: the socket paths stay as they were.
-    [[gnu::noinline]] bool shm_write_iov(iovec* v, std::size_t count, std::size_t& written);
-    /// shm: writes every byte of `b` (consuming it), waiting for room in the peer's ring.
-    Task<Result<void>> shm_write(std::vector<asio::const_buffer>& b);
-    /// shm: read_frame over the rings (read_frame's loop; the general path is shared).
-    Task<Result<Frame>> shm_read_frame(std::shared_ptr<ConnectionState> keep);
+    [[gnu::noinline]] bool polled_write_iov(iovec* v, std::size_t count, std::size_t& written);
+    /// polled: writes every byte of `b` (consuming it), waiting for room.
+    Task<Result<void>> polled_write(std::vector<asio::const_buffer>& b);
+    /// polled: read_frame over the polled stream (read_frame's loop; the general path is shared).
+    Task<Result<Frame>> polled_read_frame(std::shared_ptr<ConnectionState> keep);
 
     enum class Parse { frame, more, general, bad };
 
@@ -300,11 +301,12 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
 /// The server's side on an accepted socket: the client's introduction once it is admitted (the
 /// answer it was given in s->negotiated).
 Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local);
-/// shm, once the handshake admitted the peer: sets the rings up over the socket the handshake ran
-/// on. The side that wrote the handshake's last message waits for the other's setup first: the
-/// side that read it may have read ahead, so nothing may follow that message until it sends.
-/// Nothing for other transports.
-Task<Result<void>> finish_rings(ConnectionState& s, Duration timeout);
+/// Once the handshake admitted the peer: the transport's own setup over the socket the handshake
+/// ran on (Transport::finish: shm's rings), which may give the stream the bytes run over from then
+/// on (`polled`). The side that wrote the handshake's last message waits for the other's setup
+/// first: the side that read it may have read ahead, so nothing may follow that message until it
+/// sends. Nothing for transports whose socket carries the bytes.
+Task<Result<void>> finish_transport(ConnectionState& s, Duration timeout);
 
 /// A connection's reader in dispatch mode (Connection::dispatch_to), run by the socket reads of
 /// one RearmedRead. It hands every whole frame in the buffer to the sink, then starts the next
@@ -325,9 +327,9 @@ using DispatchOp = RearmedRead<DispatchReader>;
 /// it is started again, handed on, or ended.
 void dispatch_frames(DispatchOp& op);
 
-/// dispatch_frames over shm rings: one coroutine for the connection's life that hands on what is
-/// buffered (the same parsing), reads what arrived, and waits (ConnectionState::shm_read) when
+/// dispatch_frames over a polled stream: one coroutine for the connection's life that hands on what is
+/// buffered (the same parsing), reads what arrived, and waits (ConnectionState::polled_read) when
 /// nothing did. Takes `op` (its reader and sink; no socket read is ever started on it).
-void dispatch_shm_frames(DispatchOp& op);
+void dispatch_polled_frames(DispatchOp& op);
 
 }  // namespace tensorplay::detail

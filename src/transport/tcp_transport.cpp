@@ -122,7 +122,7 @@ public:
 
     const Address& address() const noexcept override { return address_; }
 
-    Task<Result<Stream>> accept() override {
+    Task<Result<TransportStream>> accept() override {
         asio::generic::stream_protocol::socket socket(acceptor_.get_executor());
         auto [ec] = co_await acceptor_.async_accept(socket, use_nothrow);
         if (!acceptor_.is_open()) co_return fail(Errc::cancelled, "the TCP listener at " + address_.where() + " is closed");
@@ -136,7 +136,7 @@ public:
             ep.resize(len);
             endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
         }
-        co_return Stream{std::move(socket), "uv", std::move(endpoint), true};
+        co_return TransportStream{std::move(socket), "uv", std::move(endpoint), true};
     }
 
     void close() override {
@@ -154,6 +154,7 @@ public:
     std::string_view name() const noexcept override { return "uv"; }
     int priority() const noexcept override { return 0; }
     const std::string& domain() const noexcept override { return domain_; }
+    bool tcp() const noexcept override { return true; }
 
     Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const override {
         auto l = std::make_unique<TcpListener>(std::move(ex));
@@ -161,7 +162,7 @@ public:
         return std::unique_ptr<Listener>(std::move(l));
     }
 
-    Task<Result<Stream>> connect(Address address) const override {
+    Task<Result<TransportStream>> connect(Address address) const override {
         if (address.kind != Address::Kind::tcp)
             co_return fail(Errc::invalid_argument, "the uv transport cannot connect to " + address.str());
         auto ex = co_await asio::this_coro::executor;
@@ -178,7 +179,7 @@ public:
             }
             std::error_code ignored;
             socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-            co_return Stream{std::move(socket), "uv", address.where(), true};
+            co_return TransportStream{std::move(socket), "uv", address.where(), true};
         }
         co_return fail(from_error_code(last, "connecting to " + address.where()));
     }

@@ -193,6 +193,21 @@ Result<std::shared_ptr<const Transport>> transport_named(std::string_view name) 
 
 Result<std::shared_ptr<const Transport>> transport_for(const Address& address) { return transport_named(address.transport()); }
 
+Task<Result<std::unique_ptr<ByteStream>>> Transport::finish(TransportStream&, Duration, bool, std::size_t) const {
+    co_return std::unique_ptr<ByteStream>();
+}
+
+Task<Result<void>> finish_stream(TransportStream& stream, Duration timeout, bool receive_first, std::size_t buffered) {
+    if (stream.polled) co_return ok();
+    auto transport = transport_named(stream.transport);
+    if (!transport) co_return fail(transport.error());
+    auto finishing = (*transport)->finish(stream, timeout, receive_first, buffered);
+    auto polled = co_await std::move(finishing);
+    if (!polled) co_return fail(std::move(polled).error());
+    stream.polled = std::move(*polled);
+    co_return ok();
+}
+
 Result<std::vector<std::shared_ptr<const Transport>>> select_transports(const std::optional<std::vector<std::string>>& wanted) {
     std::vector<std::string> names;
     if (wanted) {

@@ -5,11 +5,12 @@
 
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
+#include <tensorplay/core/timeout.hpp>
 #include <tensorplay/transport/address.hpp>
 
 #include <asio/generic/stream_protocol.hpp>
 
-#include "transport/shm/shm_connection.hpp"
+#include "transport/byte_stream.hpp"
 
 #include <memory>
 #include <optional>
@@ -21,27 +22,26 @@
 namespace tensorplay::detail {
 
 /// A connected stream of some transport, before any handshake.
-struct Stream {
+struct TransportStream {
     asio::generic::stream_protocol::socket socket;
-    std::string transport;  ///< the transport's name ("uv", "uds")
+    std::string transport;  ///< the transport's name ("uv", "uds", "shm")
     std::string endpoint;   ///< the peer, for messages ("10.0.0.2:4242", "uds://name (pid 42)")
     /// TCP: TCP_NODELAY is set, and reads may ask TCP_INQ; other streams always read short.
     bool tcp = false;
-    /// shm: the rings the bytes run over once finish_stream() set them up (`socket` is then
-    /// closed: the ShmConnection holds it). Until then the bytes run over `socket`: the
-    /// handshake does, so that a peer is authenticated before anything is mapped for it.
-    std::unique_ptr<shm::ShmConnection> shm = nullptr;
+    /// Set by finish_stream() when the transport's bytes run over something else than `socket`
+    /// (shm: rings; `socket` is then closed, the stream holding it). Until then the bytes run over
+    /// `socket`: the handshake does, so that a peer is authenticated before anything is set up for it.
+    std::unique_ptr<ByteStream> polled = nullptr;
     /// The peer's process as the kernel tells it (SO_PEERCRED: the Unix-socket transports, uds and
     /// shm); -1 when it cannot be known (TCP). cma reads only a peer whose pid is known this way.
     int peer_pid = -1;
 };
 
-/// Finishes a stream whose handshake ran on its socket: for shm the ring setup over that socket,
-/// bounded by `timeout`, waiting for the other side's setup before sending ours when
-/// `receive_first` (exactly one side does: ShmOptions::receive_first). Run per connection, so that
-/// a peer slow to set up delays only itself; nothing for other transports, or when it is done.
-/// Errors as ShmConnection::establish.
-[[nodiscard]] Task<Result<void>> finish_stream(Stream& stream, Duration timeout, bool receive_first);
+/// Finishes a stream whose handshake ran on its socket (its transport's Transport::finish),
+/// bounded by `timeout`; `buffered`: bytes the reader already took past the handshake. Run per
+/// connection, so that a peer slow to finish delays only itself. Nothing when it is done.
+[[nodiscard]] Task<Result<void>> finish_stream(TransportStream& stream, Duration timeout, bool receive_first,
+                                               std::size_t buffered = 0);
 
 /// A bound, listening socket of one transport. Strand-bound to the executor it was made on.
 class Listener {
@@ -52,7 +52,7 @@ public:
     /// The next peer that passed this transport's own check (uds: same user, SO_PEERCRED); a peer
     /// that fails it is closed and logged, and accept waits for the next. Errors: the listener was
     /// closed (cancelled), or accepting failed (io_error, after which accepting may go on).
-    [[nodiscard]] virtual Task<Result<Stream>> accept() = 0;
+    [[nodiscard]] virtual Task<Result<TransportStream>> accept() = 0;
     /// Stops listening; a pending accept ends with Errc::cancelled.
     virtual void close() = 0;
 };
@@ -78,10 +78,19 @@ public:
     /// is visible only inside one network namespace, and the accepting side admits its own user
     /// only; shm sets its rings up over such a socket).
     [[nodiscard]] virtual const std::string& domain() const noexcept = 0;
+    /// Its streams are TCP: TCP_NODELAY is set and reads may ask TCP_INQ (other streams read short).
+    [[nodiscard]] virtual bool tcp() const noexcept { return false; }
     /// Binds and listens on the executor `ex`.
     [[nodiscard]] virtual Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const = 0;
     /// Connects to `address` (of this transport's kind) on the awaiting coroutine's executor.
-    [[nodiscard]] virtual Task<Result<Stream>> connect(Address address) const = 0;
+    [[nodiscard]] virtual Task<Result<TransportStream>> connect(Address address) const = 0;
+    /// Once the handshake on a stream's socket admitted the peer: a transport whose bytes run over
+    /// something else sets it up here, over that socket, and returns it; null (the default): the
+    /// socket carries them. `receive_first`: wait for the peer's setup before sending ours (exactly
+    /// one side does: the one that wrote the handshake's last message, since the other may have
+    /// read ahead). `buffered`: bytes already read past the handshake (none may precede a setup).
+    [[nodiscard]] virtual Task<Result<std::unique_ptr<ByteStream>>> finish(TransportStream& stream, Duration timeout,
+                                                                          bool receive_first, std::size_t buffered) const;
 };
 
 /// Every transport name this library recognises, built or not, in default priority order.

@@ -91,4 +91,53 @@ Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::strin
     co_return std::move(socket);
 }
 
+namespace {
+
+class AbstractListener final : public Listener {
+public:
+    AbstractListener(Executor ex, std::string transport) : acceptor_(std::move(ex)), transport_(std::move(transport)) {}
+
+    Result<void> open(Address::Kind kind) {
+        if (auto r = acceptor_.open(transport_); !r) return r;
+        address_.kind = kind;
+        address_.name = acceptor_.name();
+        return ok();
+    }
+
+    const Address& address() const noexcept override { return address_; }
+
+    Task<Result<TransportStream>> accept() override {
+        auto accepting = acceptor_.accept(transport_);
+        auto peer = co_await std::move(accepting);
+        if (!peer) co_return fail(std::move(peer).error());
+        std::string endpoint = address_.str() + " (pid " + std::to_string(peer->pid) + ")";
+        co_return TransportStream{std::move(peer->socket), transport_, std::move(endpoint), false, nullptr, peer->pid};
+    }
+
+    void close() override { acceptor_.close(); }
+
+private:
+    AbstractUnixAcceptor acceptor_;
+    std::string transport_;
+    Address address_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, Address::Kind kind) {
+    auto l = std::make_unique<AbstractListener>(std::move(ex), std::move(transport));
+    if (auto r = l->open(kind); !r) return fail(r.error());
+    return std::unique_ptr<Listener>(std::move(l));
+}
+
+Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport, Address::Kind kind) {
+    if (address.kind != kind)
+        co_return fail(Errc::invalid_argument, "the " + transport + " transport cannot connect to " + address.str());
+    auto connecting = connect_abstract(address.name, address.str());
+    auto socket = co_await std::move(connecting);
+    if (!socket) co_return fail(std::move(socket).error());
+    const int pid = peer_pid_of(*socket);
+    co_return TransportStream{std::move(*socket), std::move(transport), address.str(), false, nullptr, pid};
+}
+
 }  // namespace tensorplay::detail

@@ -1,5 +1,5 @@
-// Private: what the uds and shm transports share: abstract Unix socket names and a listener that
-// admits its own user only (SO_PEERCRED).
+// Private: what the uds and shm transports share: abstract Unix socket names, one listener that
+// admits its own user only (SO_PEERCRED), and connecting.
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -7,6 +7,8 @@
 
 #include <asio/generic/stream_protocol.hpp>
 #include <asio/local/stream_protocol.hpp>
+
+#include "transport/transport.hpp"
 
 #include <string>
 
@@ -50,5 +52,13 @@ private:
 /// Connects a Unix stream socket to the abstract socket `name` on the awaiting coroutine's
 /// executor (`url` names it in errors).
 [[nodiscard]] Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::string name, std::string url);
+
+/// The listener of a Unix-socket transport (uds, shm): an AbstractUnixAcceptor at a fresh name,
+/// reached at an Address of `kind`; its streams are of `transport` and carry the peer's pid.
+[[nodiscard]] Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, Address::Kind kind);
+
+/// Connects to `address` (an abstract socket of `kind`) as a stream of `transport`, with the
+/// peer's pid. invalid_argument for an address of another kind.
+[[nodiscard]] Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport, Address::Kind kind);
 
 }  // namespace tensorplay::detail

@@ -339,7 +339,7 @@ TEST_CASE("an shm peer gets rings only once admitted: 12 claims of 256 MiB rings
         auto transport = detail::transport_for(*address);
         REQUIRE(transport);
         const auto before = static_cast<std::int64_t>(rss_bytes());
-        std::vector<detail::Stream> claims;
+        std::vector<detail::TransportStream> claims;
         for (int i = 0; i < 12; ++i) {
             auto connecting = (*transport)->connect(*address);
             auto s = co_await std::move(connecting);

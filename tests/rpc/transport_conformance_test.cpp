@@ -52,7 +52,7 @@ std::string url_of(const test::AgentPtr& agent, const std::string& transport) {
     return {};
 }
 
-Task<detail::Stream> raw_connect(std::string url) {
+Task<detail::TransportStream> raw_connect(std::string url) {
     auto a = Address::parse(url);
     REQUIRE(a);
     auto t = detail::transport_for(*a);
@@ -65,15 +65,15 @@ Task<detail::Stream> raw_connect(std::string url) {
 
 /// Writes `b` whole on the raw stream: its socket (for shm too: the handshake runs on the socket,
 /// the rings come after it), or rings a test set up (no Connection on this side: any bytes).
-Task<void> send_raw(detail::Stream& s, Bytes b) {
-    if (s.shm) {
+Task<void> send_raw(detail::TransportStream& s, Bytes b) {
+    if (s.polled) {
         std::size_t off = 0;
         while (off < b.size()) {
             const iovec v{b.data() + off, b.size() - off};
-            auto n = s.shm->write_some(std::span<const iovec>(&v, 1));
+            auto n = s.polled->write_some(std::span<const iovec>(&v, 1));
             REQUIRE(n);
             off += *n;
-            if (*n == 0) REQUIRE(co_await s.shm->wait_writable());
+            if (*n == 0) REQUIRE(co_await s.polled->wait_writable());
         }
         co_return;
     }
@@ -84,7 +84,7 @@ Task<void> send_raw(detail::Stream& s, Bytes b) {
 /// After our hello on a raw shm stream: reads the agent's hello off the socket, then sets the rings
 /// up as a member would (the agent wrote last: we send our setup first), so that what follows runs
 /// over them. Nothing for other transports.
-Task<void> rings_after_hello(detail::Stream& s) {
+Task<void> rings_after_hello(detail::TransportStream& s) {
     if (s.transport != "shm") co_return;
     Bytes prefix(detail::kHelloPrefixSize);
     auto [ec, n] = co_await asio::async_read(s.socket, asio::buffer(prefix), detail::use_nothrow);
@@ -100,14 +100,14 @@ Task<void> rings_after_hello(detail::Stream& s) {
 }
 
 /// Reads (and drops) until the peer closes the raw stream.
-Task<bool> closed_by_peer(detail::Stream& s) {
+Task<bool> closed_by_peer(detail::TransportStream& s) {
     Bytes sink(1 << 16);
-    if (s.shm) {
+    if (s.polled) {
         for (;;) {
-            auto n = s.shm->read_some(sink);
+            auto n = s.polled->read_some(sink);
             if (!n) co_return true;
             if (*n == 0)
-                if (auto w = co_await s.shm->wait_readable(); !w) co_return true;
+                if (auto w = co_await s.polled->wait_readable(); !w) co_return true;
         }
     }
     for (;;) {
@@ -287,7 +287,7 @@ TEST_CASE("an agent conforms over every transport and channel", "[rpc][agent][tr
             auto h = frame_header(40, 1000);
             h.resize(h.size() + 20);
             co_await send_raw(half, h);
-            if (half.shm) half.shm->close();
+            if (half.polled) half.polled->close();
             else half.socket.close();
 
             auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("still here"));

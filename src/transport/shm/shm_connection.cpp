@@ -293,6 +293,7 @@ void ShmConnection::close() {
 bool ShmConnection::is_open() const noexcept { return !s_->closed && !s_->lost; }
 int ShmConnection::peer_pid() const noexcept { return s_->peer_pid; }
 ShmStats ShmConnection::stats() const noexcept { return s_->stats; }
+std::chrono::microseconds ShmConnection::poll_spin() const noexcept { return s_->options.reader_spin; }
 Executor ShmConnection::get_executor() const { return s_->socket.get_executor(); }
 
 Result<std::size_t> ShmConnection::write_some(std::span<const iovec> iov) {

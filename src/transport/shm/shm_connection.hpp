@@ -6,6 +6,8 @@
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
 
+#include "transport/byte_stream.hpp"
+
 #include <asio/local/stream_protocol.hpp>
 
 #include <sys/uio.h>
@@ -31,6 +33,9 @@ struct ShmOptions {
     std::size_t max_peer_ring_bytes = std::size_t(16) << 20;
     /// Spin this long for bytes or space before sleeping on a doorbell.
     std::chrono::microseconds spin = spin_from_env();
+    /// What poll_spin() tells a reader that polls the stream itself (a Connection does, letting
+    /// its event loop run between looks, with `spin` 0).
+    std::chrono::microseconds reader_spin = spin_from_env();
     /// Bound on establish() (the peer must send its setup within it).
     Duration setup_timeout = std::chrono::seconds(10);
     /// Wait for the peer's setup before sending ours (the accepting side, when the setup follows
@@ -59,7 +64,7 @@ inline constexpr std::chrono::milliseconds kIdleWindow{10};
 /// spin for `spin`, then sleep on a doorbell the event loop watches, so an idle connection costs
 /// no CPU. The peer is gone when the Unix socket ends (EOF, reset: a process that dies closes
 /// it): waits then fail with connection_lost, after the bytes it wrote before are read.
-class ShmConnection {
+class ShmConnection final : public ByteStream {
 public:
     /// Both sides call this on their ends of a connected Unix stream socket: each sends its inbox
     /// and doorbells, checks the peer's (protocol_error saying what was wrong: descriptor count,
@@ -67,32 +72,34 @@ public:
     /// first (it refused us); timeout after options.setup_timeout.
     [[nodiscard]] static Task<Result<std::unique_ptr<ShmConnection>>> establish(asio::local::stream_protocol::socket socket,
                                                                               ShmOptions options = {});
-    ~ShmConnection();
+    ~ShmConnection() override;
     ShmConnection(const ShmConnection&) = delete;
     ShmConnection& operator=(const ShmConnection&) = delete;
 
     /// Copies as much of `iov` as the peer's inbox has room for (in order, stopping at the first
     /// byte that does not fit); 0 when it is full. connection_lost once the peer is gone or this
     /// side closed; protocol_error when the peer corrupted the ring.
-    [[nodiscard]] Result<std::size_t> write_some(std::span<const iovec> iov);
+    [[nodiscard]] Result<std::size_t> write_some(std::span<const iovec> iov) override;
     /// Copies up to dst.size() bytes that arrived; 0 when none wait. connection_lost once none
     /// are left and the peer is gone (or this side closed).
-    [[nodiscard]] Result<std::size_t> read_some(std::span<std::uint8_t> dst);
+    [[nodiscard]] Result<std::size_t> read_some(std::span<std::uint8_t> dst) override;
 
     /// Completes when read_some will return bytes (or an error). One reader at a time.
     /// Cancellation (terminal, partial): the wait ends with Errc::cancelled.
-    [[nodiscard]] Task<Result<void>> wait_readable();
+    [[nodiscard]] Task<Result<void>> wait_readable() override;
     /// Completes when write_some will take at least one byte (or fail). One writer at a time.
     /// Cancellation as wait_readable.
-    [[nodiscard]] Task<Result<void>> wait_writable();
+    [[nodiscard]] Task<Result<void>> wait_writable() override;
 
     /// Ends this side: the peer sees EOF; pending waits end with connection_lost. Idempotent.
-    void close();
+    void close() override;
     /// False once closed or the peer is gone.
     [[nodiscard]] bool is_open() const noexcept;
     /// The peer's process id as SO_PEERCRED tells it (for a socketpair: the process that made it).
     [[nodiscard]] int peer_pid() const noexcept;
     [[nodiscard]] ShmStats stats() const noexcept;
+    /// ShmOptions::reader_spin.
+    [[nodiscard]] std::chrono::microseconds poll_spin() const noexcept override;
     [[nodiscard]] Executor get_executor() const;
 
     struct State;
