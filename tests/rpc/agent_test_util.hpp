@@ -82,11 +82,6 @@ inline Task<std::vector<Result<void>>> shutdown_all(AgentGroup& g, bool graceful
     co_return results;
 }
 
-inline Task<void> sleep_for(std::chrono::milliseconds d) {
-    asio::steady_timer t(co_await asio::this_coro::executor, d);
-    co_await t.async_wait(detail::use_nothrow);
-}
-
 inline Message text_message(std::string_view s) {
     Message m;
     m.payload = bytes(s);

@@ -2,6 +2,7 @@
 // conformance suites do: echo, out-of-order calls, timeouts, handler errors, graceful shutdown,
 // hostile bytes on each transport's own listener, and a peer process killed mid-call.
 #include "rpc/agent_test_util.hpp"
+#include "support/raw_wire.hpp"
 
 #include <tensorplay/core/wire.hpp>
 #include <tensorplay/store/tcp_store.hpp>
@@ -55,72 +56,18 @@ std::string url_of(const test::AgentPtr& agent, const std::string& transport) {
 Task<detail::TransportStream> raw_connect(std::string url) {
     auto a = Address::parse(url);
     REQUIRE(a);
-    auto t = detail::transport_for(*a);
-    REQUIRE(t);
-    auto connecting = (*t)->connect(*a);
-    auto s = co_await std::move(connecting);
-    REQUIRE(s);
-    co_return std::move(*s);
-}
-
-/// Writes `b` whole on the raw stream: its socket (for shm too: the handshake runs on the socket,
-/// the rings come after it), or rings a test set up (no Connection on this side: any bytes).
-Task<void> send_raw(detail::TransportStream& s, Bytes b) {
-    if (s.polled) {
-        std::size_t off = 0;
-        while (off < b.size()) {
-            const iovec v{b.data() + off, b.size() - off};
-            auto n = s.polled->write_some(std::span<const iovec>(&v, 1));
-            REQUIRE(n);
-            off += *n;
-            if (*n == 0) REQUIRE(co_await s.polled->wait_writable());
-        }
-        co_return;
-    }
-    auto [ec, n] = co_await asio::async_write(s.socket, asio::buffer(b), detail::use_nothrow);
-    REQUIRE(!ec);
+    co_return co_await test::raw_connect(std::move(*a));
 }
 
 /// After our hello on a raw shm stream: reads the agent's hello off the socket, then sets the rings
-/// up as a member would (the agent wrote last: we send our setup first), so that what follows runs
-/// over them. Nothing for other transports.
+/// up as a member would, so that what follows runs over them. Nothing for other transports.
 Task<void> rings_after_hello(detail::TransportStream& s) {
     if (s.transport != "shm") co_return;
-    Bytes prefix(detail::kHelloPrefixSize);
-    auto [ec, n] = co_await asio::async_read(s.socket, asio::buffer(prefix), detail::use_nothrow);
-    REQUIRE(!ec);
-    auto p = detail::decode_hello_prefix(prefix);
-    REQUIRE(p);
-    Bytes body(p->body_len);
-    std::tie(ec, n) = co_await asio::async_read(s.socket, asio::buffer(body), detail::use_nothrow);
-    REQUIRE(!ec);
-    auto setting_up = detail::finish_stream(s, 5s, false);
-    auto r = co_await std::move(setting_up);
-    REQUIRE(r);
+    co_await test::raw_read_hello(s);
+    co_await test::finish_raw(s);
 }
 
-/// Reads (and drops) until the peer closes the raw stream.
-Task<bool> closed_by_peer(detail::TransportStream& s) {
-    Bytes sink(1 << 16);
-    if (s.polled) {
-        for (;;) {
-            auto n = s.polled->read_some(sink);
-            if (!n) co_return true;
-            if (*n == 0)
-                if (auto w = co_await s.polled->wait_readable(); !w) co_return true;
-        }
-    }
-    for (;;) {
-        auto [ec, n] = co_await s.socket.async_read_some(asio::buffer(sink), detail::use_nothrow);
-        if (ec) co_return true;
-    }
-}
-
-Bytes frame_header(std::uint32_t meta_len, std::uint64_t payload_len) {
-    WireWriter w;
-    w.u16(detail::kFrameMarker).u8(1).u8(0).u32(meta_len).u64(1).u64(payload_len);
-    return std::move(w).take();
-}
+Bytes frame_header(std::uint32_t meta_len, std::uint64_t payload_len) { return test::frame_header(1, meta_len, 1, payload_len); }
 
 /// A 4 KiB tensor with a pattern (built outside coroutines: GCC 12 and initializer lists).
 Tensor pattern_tensor() {
@@ -268,27 +215,26 @@ TEST_CASE("an agent conforms over every transport and channel", "[rpc][agent][tr
             const std::string url = url_of(g[1], transport);
 
             auto garbage = co_await raw_connect(url);
-            co_await send_raw(garbage, bytes("this is not a hello, it is garbage........"));
+            co_await test::raw_write(garbage, bytes("this is not a hello, it is garbage........"));
             {
-                auto awaited = co_await closed_by_peer(garbage);
+                auto awaited = co_await test::raw_closed_by_peer(garbage);
                 CHECK(awaited);
             }
             auto huge = co_await raw_connect(url);
-            co_await send_raw(huge, member_hello(transport, g[1]));
+            co_await test::raw_write(huge, member_hello(transport, g[1]));
             co_await rings_after_hello(huge);
-            co_await send_raw(huge, frame_header(0, std::uint64_t(1) << 50));
+            co_await test::raw_write(huge, frame_header(0, std::uint64_t(1) << 50));
             {
-                auto awaited = co_await closed_by_peer(huge);
+                auto awaited = co_await test::raw_closed_by_peer(huge);
                 CHECK(awaited);
             }
             auto half = co_await raw_connect(url);
-            co_await send_raw(half, member_hello(transport, g[1]));
+            co_await test::raw_write(half, member_hello(transport, g[1]));
             co_await rings_after_hello(half);
             auto h = frame_header(40, 1000);
             h.resize(h.size() + 20);
-            co_await send_raw(half, h);
-            if (half.polled) half.polled->close();
-            else half.socket.close();
+            co_await test::raw_write(half, h);
+            test::raw_close(half);
 
             auto r = co_await g[0]->rpc_async("worker1", "echo", test::text_message("still here"));
             REQUIRE(r);

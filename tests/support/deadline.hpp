@@ -5,6 +5,10 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -13,6 +17,13 @@
 #include <utility>
 
 namespace tensorplay::test {
+
+/// Waits `d` on the awaiting coroutine's executor (a cancelled wait ends early, quietly).
+inline Task<void> sleep_for(std::chrono::milliseconds d) {
+    asio::steady_timer t(co_await asio::this_coro::executor, d);
+    std::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
 
 /// Runs `fn` (a callable returning Task<void>) on a fresh io_context driven by this thread.
 /// Fails the test with a message when it has not finished after `limit`; rethrows its exceptions.

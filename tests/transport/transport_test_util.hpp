@@ -7,6 +7,8 @@
 #include "core/asio_compat.hpp"
 #include "support/deadline.hpp"
 #include "transport/frame.hpp"
+#include "transport/transport.hpp"
+#include "support/raw_wire.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
@@ -45,6 +47,76 @@ inline Task<ConnPair> make_pair(ConnectionLimits limits = {}) {
     REQUIRE(sv);
     REQUIRE(cl);
     co_return ConnPair{*cl, *sv};
+}
+
+// ---- Over any transport: "uv" (TCP), "uds" or "shm" (the stream_conformance body). ----
+
+/// A HelloInfo that offers `transport` only (with this host's domain for it).
+inline HelloInfo hello_over(std::string name, int rank, const std::string& transport) {
+    HelloInfo h = hello(std::move(name), rank);
+    auto t = detail::transport_named(transport);
+    REQUIRE(t);
+    h.transports.clear();
+    h.transports.push_back(TransportOffer{transport, (*t)->domain(), ""});
+    return h;
+}
+
+/// A listener of `transport` on the awaiting coroutine's executor (TCP: on 127.0.0.1).
+inline Task<std::unique_ptr<detail::Listener>> listen_over(std::string transport) {
+    auto t = detail::transport_named(transport);
+    REQUIRE(t);
+    detail::ListenSpec spec;
+    spec.tcp_address = "127.0.0.1";
+    auto l = (*t)->listen(co_await asio::this_coro::executor, spec);
+    REQUIRE(l);
+    co_return std::move(*l);
+}
+
+/// The server's side on the next stream `l` accepts: the handshake, then the transport's setup.
+inline Task<Result<std::shared_ptr<Connection>>> accept_over(detail::Listener& l, HelloInfo hello, ConnectionLimits limits) {
+    auto accepting = l.accept();
+    auto stream = co_await std::move(accepting);
+    if (!stream) co_return fail(stream.error());
+    // (A named task: by-value arguments that are temporaries of a co_await expression are
+    // mis-destroyed by GCC 12.)
+    auto handshake = detail::accept_stream(std::move(*stream), std::move(hello), std::move(limits), HandshakeAuth{});
+    co_return co_await std::move(handshake);
+}
+
+/// A client and a server Connection joined over `transport`; `limits` on both sides.
+inline Task<ConnPair> make_pair_over(std::string transport, ConnectionLimits limits = {}) {
+    using namespace detail::awaitable_ops;
+    auto l = co_await listen_over(transport);
+    auto accepting = accept_over(*l, hello_over("server", 1, transport), limits);
+    auto connecting = Connection::connect(l->address(), hello_over("client", 0, transport), limits, HandshakeAuth{});
+    auto [sv, cl] = co_await (std::move(accepting) && std::move(connecting));
+    REQUIRE(sv);
+    REQUIRE(cl);
+    co_return ConnPair{*cl, *sv};
+}
+
+/// A raw client of some transport that said a valid hello and did the transport's setup, so that
+/// what it writes next is read as frames by the server's Connection.
+struct RawPeer {
+    std::unique_ptr<detail::Listener> listener;
+    detail::TransportStream raw;
+    std::shared_ptr<Connection> conn;  ///< the server's side
+};
+
+inline Task<void> raw_hello_and_setup(detail::TransportStream& raw, std::string transport) {
+    co_await raw_write(raw, detail::encode_hello(hello_over("raw", 7, transport)));
+    co_await raw_read_hello(raw);
+    co_await finish_raw(raw);
+}
+
+inline Task<RawPeer> raw_handshaken_over(std::string transport, ConnectionLimits limits = {}) {
+    using namespace detail::awaitable_ops;
+    auto listener = co_await listen_over(transport);
+    auto accepting = accept_over(*listener, hello_over("server", 0, transport), limits);
+    auto raw = co_await raw_connect(listener->address());
+    auto conn = co_await (std::move(accepting) && raw_hello_and_setup(raw, transport));
+    REQUIRE(conn);
+    co_return RawPeer{std::move(listener), std::move(raw), std::move(*conn)};
 }
 
 /// A raw socket connected to a fresh acceptor, the other end handed to Connection::accept.
