@@ -15,26 +15,6 @@ namespace tp_connection_test {
 using namespace tensorplay;
 using namespace std::chrono_literals;
 
-namespace {
-
-Tensor iota_tensor(std::size_t n, std::uint8_t seed) {
-    Tensor t = Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)});
-    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>(i * 7 + seed);
-    return t;
-}
-
-Frame request(std::uint64_t id, std::string name, Bytes payload, std::vector<Tensor> tensors = {}) {
-    Frame f;
-    f.kind = FrameKind::request;
-    f.id = id;
-    f.name = std::move(name);
-    f.payload = std::move(payload);
-    f.tensors = std::move(tensors);
-    return f;
-}
-
-}  // namespace
-
 TEST_CASE("the handshake tells each side the other's name and rank", "[transport]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = co_await test::make_pair();
@@ -54,7 +34,7 @@ TEST_CASE("frames queued together are gathered into one write and read back with
         auto p = co_await test::make_pair();
         auto writes_before = p.client->stats().writes;
         constexpr int n = 128;
-        for (int i = 0; i < n; ++i) REQUIRE(p.client->send(request(i, "h", Bytes(32, std::uint8_t(i)))));
+        for (int i = 0; i < n; ++i) REQUIRE(p.client->send(test::request(i, "h", Bytes(32, std::uint8_t(i)))));
         auto reads_before = p.server->stats().reads;
         for (int i = 0; i < n; ++i) {
             auto f = co_await p.server->receive();
@@ -74,11 +54,11 @@ TEST_CASE("a frame that arrives while no read is pending is not missed after a r
         auto p = co_await test::make_pair();
         auto ex = co_await asio::this_coro::executor;
         for (int round = 0; round < 20; ++round) {
-            REQUIRE(p.client->send(request(2 * round, "a", Bytes(16, std::uint8_t(round))), true));
+            REQUIRE(p.client->send(test::request(2 * round, "a", Bytes(16, std::uint8_t(round))), true));
             auto a = co_await p.server->receive();
             REQUIRE(a);
             CHECK(a->id == std::uint64_t(2 * round));
-            REQUIRE(p.client->send(request(2 * round + 1, "b", Bytes(16, std::uint8_t(round))), true));
+            REQUIRE(p.client->send(test::request(2 * round + 1, "b", Bytes(16, std::uint8_t(round))), true));
             asio::steady_timer t(ex, 2ms);  // the event loop runs (and sees the readiness) meanwhile
             co_await t.async_wait(asio::use_awaitable);
             auto b = co_await p.server->receive();
@@ -93,7 +73,7 @@ TEST_CASE("a flushed frame is written by send itself, and a partly written one i
         auto p = co_await test::make_pair();
         // A lone small frame with flush: on the wire when send returns, no writer turn needed.
         auto writes = p.client->stats().writes;
-        REQUIRE(p.client->send(request(1, "now", bytes("flushed")), true));
+        REQUIRE(p.client->send(test::request(1, "now", bytes("flushed")), true));
         CHECK(p.client->stats().writes == writes + 1);
         CHECK(p.client->stats().frames_sent == 1);
         auto f = co_await p.server->receive();
@@ -102,13 +82,13 @@ TEST_CASE("a flushed frame is written by send itself, and a partly written one i
 
         // 32 MiB cannot go out in one non-blocking sendmsg: the writer takes the rest, and frames
         // sent after it (flushed or not) follow it on the wire, byte for byte.
-        Tensor big = iota_tensor(std::size_t(32) << 20, 11);
+        Tensor big = test::iota_tensor(std::size_t(32) << 20, 11);
         std::vector<Tensor> ts;
         ts.push_back(big);
-        REQUIRE(p.client->send(request(2, "big", bytes("b"), std::move(ts)), true));
-        REQUIRE(p.client->send(request(3, "after", bytes("x")), true));
-        REQUIRE(p.client->send(request(4, "queued", bytes("y"))));
-        REQUIRE(p.client->send(request(5, "last", bytes("z")), true));
+        REQUIRE(p.client->send(test::request(2, "big", bytes("b"), std::move(ts)), true));
+        REQUIRE(p.client->send(test::request(3, "after", bytes("x")), true));
+        REQUIRE(p.client->send(test::request(4, "queued", bytes("y"))));
+        REQUIRE(p.client->send(test::request(5, "last", bytes("z")), true));
         auto g = co_await p.server->receive();
         REQUIRE(g);
         CHECK(g->id == 2);
@@ -132,7 +112,7 @@ TEST_CASE("a tensor lands on the device the allocator chooses", "[transport]") {
             seen.push_back(d);
             return Tensor::cpu(d.dtype, d.shape);
         });
-        auto f = request(9, "t", {}, std::vector<Tensor>(1, iota_tensor(64, 0)));
+        auto f = test::request(9, "t", {}, std::vector<Tensor>(1, test::iota_tensor(64, 0)));
         f.targets.push_back(Device::cuda(1));
         REQUIRE(p.client->send(std::move(f)));
         auto r = co_await p.server->receive();
@@ -148,8 +128,8 @@ TEST_CASE("a refused tensor is skipped and reported, and the connection stays us
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = co_await test::make_pair();
         p.server->set_allocator([](const TensorDesc&) -> Result<Tensor> { return fail(Errc::device_error, "no such device"); });
-        REQUIRE(p.client->send(request(1, "t", bytes("a"), std::vector<Tensor>(1, iota_tensor(100000, 0)))));
-        REQUIRE(p.client->send(request(2, "u", bytes("b"))));
+        REQUIRE(p.client->send(test::request(1, "t", bytes("a"), std::vector<Tensor>(1, test::iota_tensor(100000, 0)))));
+        REQUIRE(p.client->send(test::request(2, "u", bytes("b"))));
         auto r1 = co_await p.server->receive();
         REQUIRE(r1);
         REQUIRE(r1->alloc_error);
@@ -184,7 +164,7 @@ TEST_CASE("dispatch_to: closing the connection from the sink ends the dispatch w
         sink->conn = p.server.get();
         sink->events = &events;
         tensorplay::detail::dispatch_to(*p.server, sink);
-        for (int i = 0; i < 10; ++i) REQUIRE(p.client->send(request(i, "x", bytes("y"))));
+        for (int i = 0; i < 10; ++i) REQUIRE(p.client->send(test::request(i, "x", bytes("y"))));
         co_await events.until([&] { return sink->closed > 0; });
         CHECK(sink->frames == 1);  // the frames after the close are not delivered
         CHECK(sink->closed == 1);

@@ -25,22 +25,6 @@ std::string any_stream() { return GENERATE(std::string("uv"), std::string("uds")
 /// 0 B, 1 B, 4 KiB, 1 MiB, 64 MiB (built outside coroutines: GCC 12 and initializer lists).
 std::vector<std::size_t> tensor_sizes() { return {0, 1, 4096, std::size_t(1) << 20, std::size_t(64) << 20}; }
 
-Tensor iota_tensor(std::size_t n, std::uint8_t seed) {
-    Tensor t = Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)});
-    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>(i * 7 + seed);
-    return t;
-}
-
-Frame request(std::uint64_t id, std::string name, Bytes payload, std::vector<Tensor> tensors = {}) {
-    Frame f;
-    f.kind = FrameKind::request;
-    f.id = id;
-    f.name = std::move(name);
-    f.payload = std::move(payload);
-    f.tensors = std::move(tensors);
-    return f;
-}
-
 /// The head of a request named "h" announcing a payload of `payload_len` bytes (none of them).
 Bytes request_head(std::uint64_t id, std::uint64_t payload_len) {
     WireWriter meta;
@@ -105,16 +89,16 @@ TEST_CASE("streams: tensors of 0 B, 1 B, 4 KiB, 1 MiB and 64 MiB and payloads ar
         std::vector<Tensor> sent;
         std::uint64_t id = 0;
         for (std::size_t n : sizes) {
-            sent.push_back(iota_tensor(n, static_cast<std::uint8_t>(id)));
+            sent.push_back(test::iota_tensor(n, static_cast<std::uint8_t>(id)));
             std::vector<Tensor> ts;
             ts.push_back(sent.back());
             Bytes payload(n % 1000 + id);
             std::iota(payload.begin(), payload.end(), std::uint8_t{1});
-            REQUIRE(p.client->send(request(++id, "t", std::move(payload), std::move(ts))));
+            REQUIRE(p.client->send(test::request(++id, "t", std::move(payload), std::move(ts))));
         }
         Bytes big(300 * 1024);  // a payload larger than the read buffer
         std::iota(big.begin(), big.end(), std::uint8_t{3});
-        REQUIRE(p.client->send(request(++id, "big", big)));
+        REQUIRE(p.client->send(test::request(++id, "big", big)));
         for (std::size_t i = 0; i < sent.size(); ++i) {
             auto f = co_await p.server->receive();
             REQUIRE(f);
@@ -136,7 +120,7 @@ TEST_CASE("streams: 500 requests in flight, answered in reverse order", "[transp
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto p = co_await test::make_pair_over(transport);
         constexpr int n = 500;
-        for (int i = 1; i <= n; ++i) REQUIRE(p.client->send(request(i, "echo", bytes(std::to_string(i)))));
+        for (int i = 1; i <= n; ++i) REQUIRE(p.client->send(test::request(i, "echo", bytes(std::to_string(i)))));
         std::vector<Frame> got;
         for (int i = 0; i < n; ++i) {
             auto f = co_await p.server->receive();
@@ -167,13 +151,13 @@ TEST_CASE("streams: dispatch_to hands over every frame in order, then the close 
         test::SinkEvents events(co_await asio::this_coro::executor);
         auto sink = std::make_shared<RecordingSink>(events);
         tensorplay::detail::dispatch_to(*p.server, sink);
-        Tensor t = iota_tensor(1 << 20, 5);
+        Tensor t = test::iota_tensor(1 << 20, 5);
         std::vector<Tensor> ts;
         ts.push_back(t);
-        REQUIRE(p.client->send(request(1, "first", bytes("a"))));
-        REQUIRE(p.client->send(request(2, "tensor", bytes("b"), std::move(ts))));
+        REQUIRE(p.client->send(test::request(1, "first", bytes("a"))));
+        REQUIRE(p.client->send(test::request(2, "tensor", bytes("b"), std::move(ts))));
         constexpr int n = 100;
-        for (int i = 0; i < n; ++i) REQUIRE(p.client->send(request(3 + i, "many", bytes(std::to_string(i)))));
+        for (int i = 0; i < n; ++i) REQUIRE(p.client->send(test::request(3 + i, "many", bytes(std::to_string(i)))));
         co_await events.until([&] { return sink->got.size() == 2 + n; });
         CHECK(sink->got[0].small);  // (parsed where it lies in the read buffer)
         CHECK(sink->got[0].name == "first");
@@ -200,7 +184,7 @@ TEST_CASE("streams: sending after close fails and the peer's receive reports the
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = co_await test::make_pair_over(transport);
         p.client->close();
-        CHECK_FALSE(p.client->send(request(1, "x", {})));
+        CHECK_FALSE(p.client->send(test::request(1, "x", {})));
         auto r = co_await p.server->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::connection_lost);

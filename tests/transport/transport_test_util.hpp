@@ -49,6 +49,24 @@ inline Task<ConnPair> make_pair(ConnectionLimits limits = {}) {
     co_return ConnPair{*cl, *sv};
 }
 
+/// A uint8 tensor of `n` bytes with a pattern that depends on `seed`.
+inline Tensor iota_tensor(std::size_t n, std::uint8_t seed) {
+    Tensor t = Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)});
+    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<std::uint8_t>(i * 7 + seed);
+    return t;
+}
+
+/// A request frame.
+inline Frame request(std::uint64_t id, std::string name, Bytes payload, std::vector<Tensor> tensors = {}) {
+    Frame f;
+    f.kind = FrameKind::request;
+    f.id = id;
+    f.name = std::move(name);
+    f.payload = std::move(payload);
+    f.tensors = std::move(tensors);
+    return f;
+}
+
 // ---- Over any transport: "uv" (TCP), "uds" or "shm" (the stream_conformance body). ----
 
 /// A HelloInfo that offers `transport` only (with this host's domain for it).
