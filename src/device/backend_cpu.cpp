@@ -5,7 +5,7 @@
 
 #include <tensorplay/config.hpp>
 
-#include "core/event.hpp"
+#include "core/flag.hpp"
 
 #include <asio/this_coro.hpp>
 
@@ -250,7 +250,7 @@ public:
         if (auto r = check_cpu(peer, "can_access_peer"); !r) return fail(std::move(r).error());
         return true;
     }
-    Task<Result<void>> wait(Event event) override { return detail::await_event(event.state()); }
+    Task<Result<void>> wait(Event event) override { return detail::await_event(detail::EventAccess::state(event)); }
 };
 
 struct Registry {

@@ -298,7 +298,7 @@ public:
         DeviceGuard guard((*dev)->api(), (*dev)->index());
         auto state = record_pooled(*dev, stream.id);
         if (!state) return fail(std::move(state).error());
-        return Event{std::move(*state)};
+        return EventAccess::make(std::move(*state));
     }
 
     Result<std::pair<Event, IpcHandle>> record_ipc_event(Stream stream) override {
@@ -316,7 +316,7 @@ public:
         auto state = std::make_shared<CudaEventState>(*dev, *ev, group_of(d, stream.id), *seq, false);
         auto h = handle_of(d, *ev);
         if (!h) return fail(std::move(h).error());
-        return std::pair<Event, IpcHandle>(Event{std::move(state)}, *h);
+        return std::pair<Event, IpcHandle>(EventAccess::make(std::move(state)), *h);
     }
 
     Result<Event> open_ipc_event(Device device, const IpcHandle& handle) override {
@@ -330,7 +330,7 @@ public:
         if (auto e = d.api().cudaIpcOpenEventHandle(&ev, h); e != cudaSuccess) return fail(d.failure("cudaIpcOpenEventHandle", e));
         // Never cached as complete: the other process records it again and again, and each
         // ready()/wait() asks about its latest record.
-        return Event{std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false, true, true)};
+        return EventAccess::make(std::make_shared<CudaEventState>(*dev, ev, foreign_groups.fetch_add(1), 0, false, true, true));
     }
 
     Result<std::shared_ptr<Storage>> allocate_exportable(Device device, std::size_t nbytes) override {
@@ -424,13 +424,13 @@ public:
         auto state = std::make_shared<CudaEventState>(*dev, *ev, foreign_groups.fetch_add(1), 0, false, true);
         auto h = handle_of(d, *ev);
         if (!h) return fail(std::move(h).error());
-        return std::pair<Event, IpcHandle>(Event{std::move(state)}, *h);
+        return std::pair<Event, IpcHandle>(EventAccess::make(std::move(state)), *h);
     }
 
     Result<void> record_again(Stream stream, const Event& event) override {
         auto dev = stream_device(stream, "record_again");
         if (!dev) return fail(std::move(dev).error());
-        auto* st = dynamic_cast<CudaEventState*>(event.state().get());
+        auto* st = dynamic_cast<CudaEventState*>(EventAccess::state(event).get());
         if (st == nullptr || !st->again() || st->imported())
             return fail(Errc::invalid_argument, "cuda backend: record_again on " + stream.device.str() +
                                                     " of an event that does not come from create_ipc_event");
@@ -446,8 +446,8 @@ public:
     Result<void> wait_event(Stream stream, const Event& event) override {
         auto dev = stream_device(stream, "wait_event");
         if (!dev) return fail(std::move(dev).error());
-        if (!event.state()) return ok();
-        auto* st = dynamic_cast<CudaEventState*>(event.state().get());
+        if (!EventAccess::state(event)) return ok();
+        auto* st = dynamic_cast<CudaEventState*>(EventAccess::state(event).get());
         if (st == nullptr)
             return fail(Errc::invalid_argument, "cuda backend: wait_event on " + stream.device.str() + " with an event of another backend");
         if (auto s = st->device().sticky()) return fail(*s);
@@ -459,8 +459,8 @@ public:
     }
 
     Task<Result<void>> wait(Event event) override {
-        auto st = std::dynamic_pointer_cast<CudaEventState>(event.state());
-        if (event.state() && !st) return fallback_wait(event.state());
+        auto st = std::dynamic_pointer_cast<CudaEventState>(EventAccess::state(event));
+        if (EventAccess::state(event) && !st) return fallback_wait(EventAccess::state(event));
         return await_cuda_event(std::move(st));
     }
 

@@ -20,6 +20,12 @@ public:
     virtual void on_ready(std::function<void()> fn) = 0;
 };
 
+/// The backends' side of an Event: made from a state, and its state read back.
+struct EventAccess {
+    [[nodiscard]] static Event make(std::shared_ptr<EventState> state) noexcept { return Event(std::move(state)); }
+    [[nodiscard]] static const std::shared_ptr<EventState>& state(const Event& e) noexcept { return e.state_; }
+};
+
 /// An event completed by a host thread.
 class HostEventState final : public EventState {
 public:

@@ -134,15 +134,15 @@ public:
         auto state = std::make_shared<HostEventState>();
         auto r = push(stream, "record_event", SimOp{[state] { state->complete(); }, nullptr, nullptr, false});
         if (!r) return fail(std::move(r).error());
-        return tensorplay::Event{state};
+        return EventAccess::make(state);
     }
 
     Result<void> wait_event(Stream stream, const tensorplay::Event& event) override {
         if (event.ready()) return stream_of(stream, "wait_event").map([](auto&&) {});
-        return push(stream, "wait_event", SimOp{nullptr, event.state(), nullptr, false});
+        return push(stream, "wait_event", SimOp{nullptr, EventAccess::state(event), nullptr, false});
     }
 
-    Task<Result<void>> wait(tensorplay::Event event) override { return await_event(event.state()); }
+    Task<Result<void>> wait(tensorplay::Event event) override { return await_event(EventAccess::state(event)); }
 
     // Host memory: any two sim devices reach each other's.
     Result<bool> can_access_peer(Device device, Device peer) override {

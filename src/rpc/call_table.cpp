@@ -26,7 +26,7 @@ void CallTable::fail(PendingCalls& pending, const Connection* conn, const Error&
 
 template <class Done>
 Task<bool> CallTable::wait_until(Done done, Clock::time_point deadline) {
-    auto waiting = [](Event& e) -> Task<Result<void>> {
+    auto waiting = [](Flag& e) -> Task<Result<void>> {
         auto ec = co_await e.wait();
         if (ec) co_return tensorplay::fail(from_error_code(ec, "waiting for calls"));
         co_return ok();

@@ -7,7 +7,7 @@
 #include <tensorplay/rpc/message.hpp>
 
 #include "core/deadline_queue.hpp"
-#include "core/event.hpp"
+#include "core/flag.hpp"
 #include "core/recycled.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
@@ -115,7 +115,7 @@ private:
     std::size_t outstanding_ = 0;
     std::size_t watching_ = 0;  // drained(pending) waits parked: every call's end wakes them
     DeadlineKeeper deadlines_;
-    Event idle_;  // set when outstanding_ reaches zero with drained() waiting
+    Flag idle_;  // set when outstanding_ reaches zero with drained() waiting
     bool closed_ = false;
 };
 

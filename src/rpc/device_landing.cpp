@@ -193,16 +193,14 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
 
 Result<tensorplay::Event> DeviceChannels::peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
                                                      int source, Device target, int k) {
-    auto& ev = p.events[{source, target.index, k}];
-    if (!ev.state()) {
-        const IpcDeviceParams* theirs = p.device(source);
-        auto e = b.open_ipc_event(target, theirs->events[static_cast<std::size_t>(k)]);
-        if (!e)
-            return fail(refuse(conn, p, source, target,
-                               std::move(e).error().context("opening a cuda_ipc event of cuda:" + std::to_string(source))));
-        ev = std::move(*e);
-    }
-    return ev;
+    const auto key = std::make_tuple(source, target.index, k);
+    if (auto it = p.events.find(key); it != p.events.end()) return it->second;
+    const IpcDeviceParams* theirs = p.device(source);
+    auto e = b.open_ipc_event(target, theirs->events[static_cast<std::size_t>(k)]);
+    if (!e)
+        return fail(refuse(conn, p, source, target, std::move(e).error().context("opening a cuda_ipc event of cuda:" + std::to_string(source))));
+    p.events.emplace(key, *e);
+    return std::move(*e);
 }
 
 namespace {
@@ -321,10 +319,10 @@ Result<void> DeviceChannels::queue_ref_copies(std::vector<RefCopy>& copies) {
 
 Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<PendingFrame> frame, std::vector<RefCopy> copies,
                                 std::weak_ptr<void> alive) {
-    const EventState* last = nullptr;
+    const tensorplay::Event* last = nullptr;
     for (const auto& c : copies) {
-        if (c.event.state().get() == last) continue;  // (tensors of one outbox event: one wait)
-        last = c.event.state().get();
+        if (last && c.event == *last) continue;  // (tensors of one outbox event: one wait)
+        last = &c.event;
         auto seen = co_await host_wait(*c.backend, c.event, weak);
         if (alive.expired()) co_return;
         if (!seen) {

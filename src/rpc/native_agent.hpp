@@ -11,7 +11,7 @@
 #include "transport/connection_ext.hpp"
 
 #include "core/asio_compat.hpp"
-#include "core/event.hpp"
+#include "core/flag.hpp"
 #include "core/log_throttle.hpp"
 #include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
@@ -106,7 +106,7 @@ struct PeerLink {
     /// Where it listens, one address per transport, in its priority order (published in the store).
     std::vector<TransportOffer> addresses;
     std::shared_ptr<Connection> conn;
-    std::shared_ptr<Event> connecting;  ///< set while a connect runs; set() when it ends
+    std::shared_ptr<Flag> connecting;  ///< set while a connect runs; set() when it ends
     PendingCalls pending;               ///< calls awaiting its replies (CallTable)
     std::optional<Error> last_connect_error;
     /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
@@ -158,7 +158,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::uint16_t port = 0;
     /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
     /// it, so the accept loop waits for it (early connections wait in the listen backlog).
-    Event roster_known;
+    Flag roster_known;
     /// The group's shared key (TensorPipeRpcBackendOptions::auth_key and its fallbacks); empty:
     /// none. Never logged.
     std::string auth_key;
@@ -248,7 +248,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
     [[nodiscard]] Task<void> forget_member(int rank);
     /// Set at the end of every apply_membership (and by close_local); waiters reset it.
-    Event membership_changed;
+    Flag membership_changed;
     /// The bound of every wait of a join, a leave or a removal.
     [[nodiscard]] Duration membership_wait_limit() const;
 
@@ -263,7 +263,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     void suspect(int rank, std::string why);
     /// Ranks whose removal check runs; `removals_idle` is set when the last one ends.
     std::vector<int> suspects;
-    Event removals_idle;
+    Flag removals_idle;
     /// Set by a graceful leave: connections that close from then on are no sign of a death.
     bool leaving = false;
     /// Set when the group removed this member while it was alive (its claim on its rank is gone):

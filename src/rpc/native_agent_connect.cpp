@@ -33,7 +33,7 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     // Whoever waits on this connect resumes (in place) once it has ended, its outcome recorded.
     struct ConnectEnded {
         PeerLink& p;
-        std::shared_ptr<Event> done = std::make_shared<Event>();
+        std::shared_ptr<Flag> done = std::make_shared<Flag>();
         ~ConnectEnded() {
             if (p.connecting == done) p.connecting.reset();
             done->set();

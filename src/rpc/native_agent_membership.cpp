@@ -184,7 +184,7 @@ namespace {
 struct Fanout {
     std::vector<std::optional<Result<Message>>> results;
     std::size_t left = 0;
-    Event done;
+    Flag done;
 };
 
 Task<void> fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i, std::string to,
@@ -243,7 +243,7 @@ Task<bool> NativeAgent::until_members(std::vector<std::string> names, Duration l
         std::sort(now.begin(), now.end());
         return now == names;
     };
-    auto waiting = [](Event& e) -> Task<Result<void>> {
+    auto waiting = [](Flag& e) -> Task<Result<void>> {
         auto ec = co_await e.wait();
         if (ec) co_return fail(from_error_code(ec, "waiting for a membership change"));
         co_return ok();
@@ -474,7 +474,7 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     // A removal that we began ends first (it may hold the token, and should not be cut short: a
     // token whose holder ended without giving it back blocks the group until it goes stale).
     while (!suspects.empty()) {
-        auto waiting = [](Event& e) -> Task<Result<void>> {
+        auto waiting = [](Flag& e) -> Task<Result<void>> {
             auto ec = co_await e.wait();
             if (ec) co_return fail(from_error_code(ec, "waiting for a removal"));
             co_return ok();

@@ -1,7 +1,7 @@
 // HashStore: in-process key-value store; waiters park on one-shot RemoteSignals woken by writers.
 #include <tensorplay/store/hash_store.hpp>
 
-#include "core/event.hpp"
+#include "core/flag.hpp"
 #include "store/store_util.hpp"
 
 #include <asio/error.hpp>

@@ -4,7 +4,7 @@
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "core/deadline_queue.hpp"
-#include "core/event.hpp"
+#include "core/flag.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "store/c10d_protocol.hpp"

@@ -1,7 +1,7 @@
 // cma reads off the event loop: the pool, and the hand-off by a RemoteSignal.
 #include "transport/cma_offload.hpp"
 
-#include "core/event.hpp"
+#include "core/flag.hpp"
 #include "transport/cma.hpp"
 
 #include <asio/post.hpp>

@@ -64,7 +64,7 @@ TEST_CASE("a slow release on the completion thread blocks no event loop that add
     // What the completion thread runs for e1 stands for a keep-alive whose release is slow (a
     // cudaFreeHost, a cudaIpcCloseMemHandle behind the driver's lock).
     std::atomic<bool> releasing{false};
-    e1->state()->on_ready([&releasing] {
+    detail::EventAccess::state(*e1)->on_ready([&releasing] {
         releasing = true;
         releasing.notify_all();
         std::this_thread::sleep_for(1s);  // (the slow release itself)

@@ -9,7 +9,7 @@
 #include <tensorplay/rpc/constants.hpp>
 #include <tensorplay/rpc/device_map_exchange.hpp>
 
-#include "core/event.hpp"
+#include "core/flag.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -72,7 +72,7 @@ struct InFlight {
 /// releases them all.
 struct Gate {
     explicit Gate(std::size_t n) : expect(n) {}
-    detail::Event open, all_in;
+    detail::Flag open, all_in;
     std::size_t expect, entered = 0;
 };
 

@@ -20,6 +20,7 @@ namespace tensorplay {
 
 namespace detail {
 class EventState;
+struct EventAccess;
 }
 
 /// An ordered queue of work on one device. Work queued on one stream runs in order; work on
@@ -37,12 +38,14 @@ struct Stream {
 class Event {
 public:
     Event() = default;
-    explicit Event(std::shared_ptr<detail::EventState> state) noexcept : state_(std::move(state)) {}
     /// True when the work before the event has finished (always true for a default event).
     [[nodiscard]] bool ready() const noexcept;
-    [[nodiscard]] const std::shared_ptr<detail::EventState>& state() const noexcept { return state_; }
+    /// Whether both are copies of one point (two default events are equal).
+    friend bool operator==(const Event& a, const Event& b) noexcept { return a.state_ == b.state_; }
 
 private:
+    friend struct detail::EventAccess;  // the backends that make and wait on events
+    explicit Event(std::shared_ptr<detail::EventState> state) noexcept : state_(std::move(state)) {}
     std::shared_ptr<detail::EventState> state_;
 };
 

@@ -1,5 +1,5 @@
-// Event and RemoteSignal: the two hand-offs built on ResumeSlot, the one one-shot completion of
-// the library. ResumeSlot parks one waiter and resumes it in place; Event parks any number on one
+// Flag and RemoteSignal: the two hand-offs built on ResumeSlot, the one one-shot completion of
+// the library. ResumeSlot parks one waiter and resumes it in place; Flag parks any number on one
 // executor (a flag that is set once, for "the roster is known", "the connect finished", "nothing
 // is outstanding"); RemoteSignal is completed from any thread and posts the waiter's resumption
 // to its own executor (device events, a store written to by another thread).
@@ -19,12 +19,12 @@ namespace tensorplay::detail {
 /// A flag for coroutines on one executor (a strand or a single-threaded context): wait() parks
 /// until set(); set() resumes every waiter in place (inside the call), once; later waits return
 /// at once. reset() re-arms it. A waiter's cancellation ends its own wait with operation_aborted.
-class Event {
+class Flag {
 public:
-    Event() = default;
-    ~Event();
-    Event(const Event&) = delete;
-    Event& operator=(const Event&) = delete;
+    Flag() = default;
+    ~Flag();
+    Flag(const Flag&) = delete;
+    Flag& operator=(const Flag&) = delete;
 
     /// Sets the flag with `ec` (how the waits end) and resumes every waiter. Nothing when set.
     /// A resumed waiter may destroy the event.

@@ -1,7 +1,7 @@
-// Event (many waiters on one executor, resumed in place by set) and RemoteSignal (completed from
+// Flag (many waiters on one executor, resumed in place by set) and RemoteSignal (completed from
 // any thread, resumed on the waiter's executor).
 #include "core/asio_compat.hpp"
-#include "core/event.hpp"
+#include "core/flag.hpp"
 
 #include <tensorplay/core/timeout.hpp>
 
@@ -21,7 +21,7 @@ namespace tp_event_test {
 
 using namespace tensorplay;
 using namespace std::chrono_literals;
-using detail::Event;
+using detail::Flag;
 using detail::RemoteSignal;
 
 namespace {
@@ -31,16 +31,16 @@ struct Sentinel {
     ~Sentinel() { *flag = true; }
 };
 
-Task<void> wait_into(Event& e, std::vector<std::error_code>& out) {
+Task<void> wait_into(Flag& e, std::vector<std::error_code>& out) {
     auto ec = co_await e.wait();
     out.push_back(ec);
 }
 
 }  // namespace
 
-TEST_CASE("Event: set() resumes every waiter in place, once; later waits return at once", "[core][event]") {
+TEST_CASE("Flag: set() resumes every waiter in place, once; later waits return at once", "[core][event]") {
     asio::io_context ctx(1);
-    Event e;
+    Flag e;
     std::vector<std::error_code> got;
     for (int i = 0; i < 3; ++i) asio::co_spawn(ctx, wait_into(e, got), asio::detached);
     ctx.poll();
@@ -64,13 +64,13 @@ TEST_CASE("Event: set() resumes every waiter in place, once; later waits return 
     CHECK(got[3] == std::errc::broken_pipe);  // the code it was set with
 }
 
-TEST_CASE("Event: a cancelled waiter leaves; the others still wait for set()", "[core][event]") {
+TEST_CASE("Flag: a cancelled waiter leaves; the others still wait for set()", "[core][event]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
-        Event e;
+        Flag e;
         std::vector<std::error_code> got;
         auto ex = co_await asio::this_coro::executor;
         asio::co_spawn(ex, wait_into(e, got), asio::detached);
-        auto waiting = [](Event& e) -> Task<Result<void>> {
+        auto waiting = [](Flag& e) -> Task<Result<void>> {
             auto ec = co_await e.wait();
             if (ec) co_return fail(from_error_code(ec, "event"));
             co_return ok();
@@ -85,11 +85,11 @@ TEST_CASE("Event: a cancelled waiter leaves; the others still wait for set()", "
     });
 }
 
-TEST_CASE("Event: a waiter may destroy the event from inside set(); reset() re-arms it", "[core][event]") {
+TEST_CASE("Flag: a waiter may destroy the event from inside set(); reset() re-arms it", "[core][event]") {
     asio::io_context ctx(1);
-    auto e = std::make_unique<Event>();
+    auto e = std::make_unique<Flag>();
     int resumed = 0;
-    auto destroyer = [](std::unique_ptr<Event>& owner, int& n) -> Task<void> {
+    auto destroyer = [](std::unique_ptr<Flag>& owner, int& n) -> Task<void> {
         (void)co_await owner->wait();
         ++n;
         owner.reset();  // the event goes while set() is running
@@ -103,7 +103,7 @@ TEST_CASE("Event: a waiter may destroy the event from inside set(); reset() re-a
     CHECK(resumed >= 1);
     CHECK_FALSE(e);
 
-    Event again;
+    Flag again;
     again.set();
     again.reset();
     std::vector<std::error_code> got;
@@ -117,11 +117,11 @@ TEST_CASE("Event: a waiter may destroy the event from inside set(); reset() re-a
     CHECK(got.size() == 1);
 }
 
-TEST_CASE("Event: destroyed with waiters parked, their waits end with operation_aborted", "[core][event]") {
+TEST_CASE("Flag: destroyed with waiters parked, their waits end with operation_aborted", "[core][event]") {
     asio::io_context ctx(1);
     std::vector<std::error_code> got;
     {
-        Event e;
+        Flag e;
         asio::co_spawn(ctx, wait_into(e, got), asio::detached);
         asio::co_spawn(ctx, wait_into(e, got), asio::detached);
         ctx.poll();

@@ -1,5 +1,5 @@
-// Event and RemoteSignal over ResumeSlot.
-#include "core/event.hpp"
+// Flag and RemoteSignal over ResumeSlot.
+#include "core/flag.hpp"
 
 #include <asio/execution/outstanding_work.hpp>
 #include <asio/post.hpp>
@@ -10,9 +10,9 @@
 
 namespace tensorplay::detail {
 
-/// One parked waiter of an Event: lives in the waiting coroutine's frame, linked while it waits.
-struct Event::Node {
-    explicit Node(Event& e) : event(&e), next(e.head_) {
+/// One parked waiter of an Flag: lives in the waiting coroutine's frame, linked while it waits.
+struct Flag::Node {
+    explicit Node(Flag& e) : event(&e), next(e.head_) {
         if (next) next->prev = this;
         e.head_ = this;
         ++e.count_;
@@ -23,13 +23,13 @@ struct Event::Node {
     Node(const Node&) = delete;
     Node& operator=(const Node&) = delete;
 
-    Event* event;  // null once unlinked (woken, or the event destroyed)
+    Flag* event;  // null once unlinked (woken, or the event destroyed)
     Node* prev = nullptr;
     Node* next;
     ResumeSlot slot;
 };
 
-void Event::unlink(Node& n) noexcept {
+void Flag::unlink(Node& n) noexcept {
     if (n.prev) n.prev->next = n.next;
     else head_ = n.next;
     if (n.next) n.next->prev = n.prev;
@@ -38,7 +38,7 @@ void Event::unlink(Node& n) noexcept {
     --count_;
 }
 
-Event::~Event() {
+Flag::~Flag() {
     if (gone_) *gone_ = true;
     // Waiters still parked end with operation_aborted (resumed here; they must not touch us).
     while (head_) {
@@ -48,7 +48,7 @@ Event::~Event() {
     }
 }
 
-void Event::set(std::error_code ec) {
+void Flag::set(std::error_code ec) {
     if (set_) return;
     set_ = true;
     ec_ = ec;
@@ -66,7 +66,7 @@ void Event::set(std::error_code ec) {
     gone_ = nullptr;
 }
 
-Task<std::error_code> Event::wait() {
+Task<std::error_code> Flag::wait() {
     if (set_) co_return ec_;
     Node node(*this);
     co_await node.slot.wait();
