@@ -93,14 +93,10 @@ public:
     [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame,
                                       std::vector<tensorplay::Stream>& streams, Deliver later);
 
-    /// Whether a request named `name` is a cuda_ipc ring notice (device_rings.hpp), for notice().
-    /// (Inline: asked of every small request the agent reads.)
-    [[nodiscard]] static bool is_notice(std::string_view name) noexcept {
-        return name == kRingReady || name == kRingFree || name == kIpcRefused || name == kIpcExport;
-    }
-    /// A notice from `conn`'s peer: a chunk of ours is free (the next goes into its slot), one of
-    /// theirs is ready (copied out), or it cannot open our outbox (we stage for it from then on).
-    /// protocol_error: the peer is wrong, close the connection.
+    /// A control frame from `conn`'s peer (device_rings.hpp): a chunk of ours is free (the next
+    /// goes into its slot), one of theirs is ready (copied out), it cannot open our outbox (we
+    /// stage for it from then on), or where a tensor of its next frame lies in its pool.
+    /// protocol_error: the peer is wrong (an unknown name among them), close the connection.
     [[nodiscard]] Result<void> notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                       std::span<const std::uint8_t> payload);
 

@@ -32,7 +32,7 @@ void send_ring_notice(Connection& conn, std::string_view name, const RingNotice&
     if (!conn.is_open()) return;
     Bytes payload = encode_ring_notice(n);
     std::vector<Tensor> none;
-    (void)send_parts(conn, FrameKind::request, 0, name, payload, none, {}, true);  // (a closed connection: nothing to tell)
+    (void)send_parts(conn, FrameKind::control, 0, name, payload, none, {}, true);  // (a closed connection: nothing to tell)
 }
 
 Task<void> free_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, RingNotice n) {
@@ -72,6 +72,8 @@ Result<void> RingLanding::copy_out(std::uint32_t j) {
 Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                     std::span<const std::uint8_t> payload) {
     if (name == kIpcExport) return exported_by_peer(*conn, payload);
+    if (name != kRingReady && name != kRingFree && name != kIpcRefused)
+        return fail(Errc::protocol_error, "unknown control frame \"" + std::string(name) + "\"");
     auto n = decode_ring_notice(payload);
     if (!n) return fail(std::move(n).error());
     if (name == kIpcRefused) return refused_by_peer(*conn, *n);

@@ -26,19 +26,19 @@ namespace tensorplay::detail {
 
 class Outbox;
 
-/// Handler names of the ring notices (one-way requests: no reply).
-inline constexpr std::string_view kRingReady = "_tp_cuda_ipc_ready";
-inline constexpr std::string_view kRingFree = "_tp_cuda_ipc_free";
+/// Names of the ring notices: cuda_ipc's control frames (FrameKind::control).
+inline constexpr std::string_view kRingReady = "cuda_ipc.ready";
+inline constexpr std::string_view kRingFree = "cuda_ipc.free";
 /// A receiver that could not open the sender's outbox of cuda:`device` (or its events) on its own
 /// cuda:`offset` (a container without a shared IPC namespace, a MIG instance): from then on the
 /// sender stages that pair's tensors (cuda_basic). Same encoding as a ring notice, chunk 0.
-inline constexpr std::string_view kIpcRefused = "_tp_cuda_ipc_refused";
+inline constexpr std::string_view kIpcRefused = "cuda_ipc.refused";
 /// Chunk value of a kIpcRefused notice that refuses only one copy out of the sender's pool (its
 /// descriptor or pointers could not be imported): that pair's tensors go through the outbox instead.
 inline constexpr std::uint32_t kRefusedPoolOnly = 1;
 /// Sent right before a frame with a tensor that goes with one copy (PoolExport's encoding): where
 /// in the sender's pool it lies.
-inline constexpr std::string_view kIpcExport = "_tp_cuda_ipc_export";
+inline constexpr std::string_view kIpcExport = "cuda_ipc.export";
 
 /// One notice: chunk `chunk` of the ring at `offset` of the outbox on the sender's cuda:`device`.
 struct RingNotice {

@@ -306,10 +306,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     enum class Landing { now, later, failed };
     Landing land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams,
                                 DeviceChannels::Deliver later);
-    /// A ring notice of the device channels (DeviceChannels::notice) from `conn`'s peer: true when
-    /// `name` is one (taken; a bad one closes `conn`).
-    bool device_notice(const std::shared_ptr<Connection>& conn, FrameKind kind, std::string_view name,
-                       std::span<const std::uint8_t> payload);
+    /// A control frame from `conn`'s peer, for the device channels (DeviceChannels::notice); a bad
+    /// one, or one for channels this worker lacks, closes `conn`.
+    void control_frame(const std::shared_ptr<Connection>& conn, std::string_view name, std::span<const std::uint8_t> payload);
     /// Where each of a request's tensors lands on `peer` (its device map); device_error naming a
     /// tensor on a device the map does not cover.
     [[nodiscard]] Result<void> request_targets(const PeerLink& peer, const std::vector<Tensor>& tensors,

@@ -74,7 +74,7 @@ public:
         : core_(std::move(core)), conn_(std::move(conn)), peer_(std::move(peer)) {}
 
     void on_small_frame(const FrameView& f) override {
-        if (core_->device_notice(conn_, f.kind, f.name, f.payload)) return;
+        if (f.kind == FrameKind::control) return core_->control_frame(conn_, f.name, f.payload);
         if (f.kind == FrameKind::request)
             core_->serve_request(conn_, f.id, f.name, Message{Bytes(f.payload.begin(), f.payload.end()), {}}, nullptr);
         else
@@ -82,7 +82,7 @@ public:
     }
 
     void on_frame(Frame&& f) override {
-        if (f.targets.empty() && core_->device_notice(conn_, f.kind, f.name, f.payload)) return;
+        if (f.kind == FrameKind::control) return core_->control_frame(conn_, f.name, f.payload);
         std::vector<tensorplay::Stream> streams;
         if (!f.targets.empty()) {
             // (A frame whose tensors come through cuda_ipc rings is handed back once they are queued.)
@@ -215,12 +215,11 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
     return t;
 }
 
-bool AgentCore::device_notice(const std::shared_ptr<Connection>& conn, FrameKind kind, std::string_view name,
-                              std::span<const std::uint8_t> payload) {
-    if (kind != FrameKind::request || !device_channels || !DeviceChannels::is_notice(name)) return false;
-    if (auto r = device_channels->notice(conn, name, payload); !r)
-        conn->close(std::move(r).error().context("a cuda_ipc notice from worker \"" + conn->peer().name + "\""));
-    return true;
+void AgentCore::control_frame(const std::shared_ptr<Connection>& conn, std::string_view name, std::span<const std::uint8_t> payload) {
+    Result<void> r = device_channels ? device_channels->notice(conn, name, payload)
+                                     : fail(Errc::protocol_error, "control frame \"" + std::string(name) +
+                                                                      "\" for a device channel this worker does not have");
+    if (!r) conn->close(std::move(r).error().context("a control frame from worker \"" + conn->peer().name + "\""));
 }
 
 AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame,
@@ -452,22 +451,11 @@ std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->pe
 
 const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
 
-namespace {
-/// The names the agent takes before any handler (the device channels' notices).
-Result<void> check_not_reserved(std::string_view name) {
-    if (DeviceChannels::is_notice(name))
-        return fail(Errc::invalid_argument, "handler name \"" + std::string(name) + "\" is reserved for the cuda_ipc channel");
-    return ok();
-}
-}  // namespace
-
 Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
-    if (auto r = check_not_reserved(name); !r) return r;
     return core_->handlers.add(std::move(name), std::move(handler), {});
 }
 
 Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
-    if (auto r = check_not_reserved(name); !r) return r;
     return core_->handlers.add(std::move(name), {}, std::move(handler));
 }
 

@@ -112,7 +112,7 @@ struct DeviceParts {
     /// Per tensor (missing or null: none) the source its bytes are written from instead of its
     /// storage, which need not be host-addressable then. Such a frame waits for the writer.
     std::vector<std::shared_ptr<ByteSource>> streamed;
-    /// One-way requests (handler name, payload) the peer's channel must read before this frame:
+    /// Control frames (name, payload) the peer's channel must read before this frame:
     /// queued right before it, so that they go when it goes.
     std::vector<std::pair<std::string, Bytes>> preface;
 };

@@ -135,7 +135,7 @@ Task<Result<void>> ConnectionState::read_sunk(ByteSink& sink, std::size_t n, std
 /// read_general's path.
 ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<Error>& err) {
     // (Looked at here first: a call per frame costs every round trip some 50 instructions.)
-    if (rend - rbeg >= kFrameHeaderSize + kReleaseMetaLen && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(kReleaseFrame) &&
+    if (rend - rbeg >= kFrameHeaderSize + kReleaseMetaLen && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control) &&
         !take_buffered_releases(err))
         return Parse::bad;
     const std::size_t avail = rend - rbeg;
@@ -154,8 +154,10 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
         if (avail >= need) {
             const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
             // Tensors, or malformed metadata: read_general decodes it and says which.
-            // (A whole release here has a bad block: read_general says so.)
-            if (h.flags != 0 || h.kind == kReleaseFrame || !decode_small_meta(meta, limits, f.name)) return Parse::general;
+            // (A whole release here has a bad block, and a control frame with an empty name is
+            // not a release: read_general says so.)
+            if (h.flags != 0 || !decode_small_meta(meta, limits, f.name) || (h.kind == FrameKind::control && f.name.empty()))
+                return Parse::general;
             f.kind = h.kind;
             f.id = h.id;
             f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
@@ -175,13 +177,13 @@ ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<E
 
 bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {
     constexpr std::size_t whole = kFrameHeaderSize + kReleaseMetaLen;
-    while (rend - rbeg >= whole && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(kReleaseFrame)) {
+    while (rend - rbeg >= whole && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control)) {
         const std::uint8_t* p = rbuf.data() + rbeg;
         FrameHeader h;
         std::string_view name;
         // Anything but a well-formed release is left to the frame parser, which says what is wrong.
-        if (!peek_frame_header(p, limits, h) || !decode_small_meta({p + kFrameHeaderSize, kReleaseMetaLen}, limits, name) ||
-            !name.empty())
+        if (!peek_frame_header(p, limits, h) || h.meta_len != kReleaseMetaLen ||
+            !decode_small_meta({p + kFrameHeaderSize, kReleaseMetaLen}, limits, name) || !name.empty())
             return true;
         rbeg += whole;
         if (!take_release(h.id, err)) return false;
@@ -377,8 +379,11 @@ Task<Result<Frame>> ConnectionState::read_general() {
     auto meta = decode_frame_meta({rbuf.data() + rbeg, h->meta_len}, limits, h->flags);
     if (!meta) co_return fail(broken(std::move(meta).error().context("frame from " + who()).on_worker(peer.name)));
     rbeg += h->meta_len;
-    if (h->kind == kReleaseFrame)
-        co_return fail(broken(Error(Errc::protocol_error, "release frame from " + who() + " names a handler or tensors", peer.name)));
+    if (h->kind == FrameKind::control && (meta->name.empty() || !meta->tensors.empty()))
+        co_return fail(broken(Error(Errc::protocol_error,
+                                    "control frame from " + who() +
+                                        (meta->name.empty() ? " has an empty name but is not a release" : " carries tensors"),
+                                    peer.name)));
     // A tensor by reference must be of a pair whose channel is cma (we hold the peer's pid then)
     // or cuda_ipc (the agent's device channel resolves it); one frame holds one kind.
     bool by_cma = false, by_device = false;

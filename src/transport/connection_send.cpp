@@ -145,7 +145,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     for (const auto& [notice, bytes] : dev.preface) {
         Bytes body = bytes;
         std::vector<Tensor> none;
-        if (auto r = send_parts(c, FrameKind::request, 0, notice, body, none, {}, false); !r) return r;
+        if (auto r = send_parts(c, FrameKind::control, 0, notice, body, none, {}, false); !r) return r;
     }
     ++s.sends;
     return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);

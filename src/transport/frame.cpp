@@ -112,7 +112,7 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
 Bytes encode_release(std::uint64_t hold) {
     Bytes out(kFrameHeaderSize + kReleaseMetaLen);
     Put w{out.data()};
-    w.le(kFrameMarker).le(static_cast<std::uint8_t>(kReleaseFrame)).le(std::uint8_t{0});
+    w.le(kFrameMarker).le(static_cast<std::uint8_t>(FrameKind::control)).le(std::uint8_t{0});
     w.le(kReleaseMetaLen).le(hold).le(std::uint64_t{0});
     w.le(std::uint32_t{0}).le(std::uint32_t{0});
     return out;
@@ -120,9 +120,11 @@ Bytes encode_release(std::uint64_t hold) {
 
 namespace {
 /// A head's kind and flags together: requests, responses and errors may go by reference; a
-/// release is always its fixed shape.
+/// control frame never does, and one with an empty name (cma's release: 8 bytes of metadata) has
+/// no payload.
 bool kind_fits(std::uint8_t kind, std::uint8_t flags, std::uint32_t meta_len, std::uint64_t payload_len) noexcept {
-    if (kind == static_cast<std::uint8_t>(kReleaseFrame)) return flags == 0 && meta_len == kReleaseMetaLen && payload_len == 0;
+    if (kind == static_cast<std::uint8_t>(FrameKind::control))
+        return flags == 0 && meta_len >= kReleaseMetaLen && (meta_len > kReleaseMetaLen || payload_len == 0);
     return kind >= 1 && kind <= 3 && (flags & ~kFrameByReference) == 0;
 }
 }  // namespace
@@ -154,7 +156,8 @@ Result<FrameHeader> decode_frame_header(std::span<const std::uint8_t> bytes, con
         return fail(Errc::protocol_error, "unknown frame kind " + std::to_string(kind));
     if (!kind_fits(bytes[2], h.flags, h.meta_len, h.payload_len))
         return fail(Errc::protocol_error, "frame of kind " + std::to_string(bytes[2]) + " with flags " + std::to_string(h.flags) +
-                                              (bytes[2] == 4 ? " is not a release (flags 0, 8 bytes of metadata, no payload)"
+                                              (bytes[2] == 4 ? " is not a control frame (flags 0; a release: 8 bytes "
+                                                                               "of metadata, no payload)"
                                                              : " names unknown flags"));
     if (h.meta_len > limits.max_meta_bytes)
         return fail(Errc::protocol_error, "frame metadata length " + std::to_string(h.meta_len) +

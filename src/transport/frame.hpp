@@ -21,10 +21,9 @@ inline constexpr std::size_t kInlinePayloadMax = 1024;
 /// Frame head flag: the tensor descriptors carry each a u64 address in the sender's memory (0: the
 /// bytes follow inline) and the metadata ends with the u64 hold the receiver releases (cma).
 inline constexpr std::uint8_t kFrameByReference = 0x01;
-/// A frame kind the connection handles itself, never handed on: the receiver has read the tensors
-/// of the sender's hold `id` (cma) and the sender may drop them. Empty name, no tensors, no payload.
-inline constexpr FrameKind kReleaseFrame = static_cast<FrameKind>(4);
-/// A release frame's metadata: an empty name and no tensors.
+/// cma's release, the one control frame with an empty name, which the connection handles itself
+/// and never hands on: the receiver has read the tensors of the sender's hold `id` and the sender
+/// may drop them. Its metadata is an empty name and no tensors; it has no payload.
 inline constexpr std::uint32_t kReleaseMetaLen = 8;
 
 struct FrameHeader {

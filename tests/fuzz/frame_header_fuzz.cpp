@@ -29,7 +29,7 @@ void check(std::span<const std::uint8_t> in, const ConnectionLimits& limits) {
     }
     TP_FUZZ_CHECK(h->meta_len <= limits.max_meta_bytes && h->payload_len <= limits.max_payload_bytes);
     TP_FUZZ_CHECK(h->kind == FrameKind::request || h->kind == FrameKind::response || h->kind == FrameKind::error ||
-                  h->kind == kReleaseFrame);
+                  h->kind == FrameKind::control);
     std::array<std::uint8_t, kFrameHeaderSize> out{};
     store_le(out.data(), kFrameMarker);
     out[2] = static_cast<std::uint8_t>(h->kind);

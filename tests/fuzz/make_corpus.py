@@ -42,6 +42,8 @@ write("frame_header", {
     "response": header(2, 8, 7, 100),
     "error": header(3, 40, 2**63, 5),
     "largest_payload": header(1, 8, 9, 2**31),
+    "release": header(4, 8, 3, 0),
+    "control": header(4, 21, 0, 16),
 })
 CPU, CUDA0, CUDA1 = device(0, -1), device(1, 0), device(1, 1)
 write("frame_meta", {
@@ -51,12 +53,12 @@ write("frame_meta", {
     "empty_dims": meta("", [tensor(5, CPU, CPU, [0, 5], 0), tensor(0, CPU, CPU, [1, 1, 1, 7], 7)]),
 })
 
-# ---- handshake (docs/protocol.md, "Handshake", version 4): u32 magic "TRPC", u16 version, u16 flags,
+# ---- handshake (docs/protocol.md, "Handshake", version 5): u32 magic "TRPC", u16 version, u16 flags,
 # u32 body_len; body: str32 name, i32 rank, u32 n transport offers {str32 name, domain, address},
 # u32 n channel offers {str32 name, device type, domain, params}, u8 auth [32-byte nonce], u8 step
 # [str32 reason | 32-byte proof], u8 answer flag [str32 transport, str32 address, u32 n
 # {str32 client device type, str32 server device type, str32 channel}]
-def hello(name, rank, transports, channels, version=4, auth=False, step=0, reason="", answer=None):
+def hello(name, rank, transports, channels, version=5, auth=False, step=0, reason="", answer=None):
     body = str32(name) + i32(rank) + u32(len(transports))
     body += b"".join(str32(n) + str32(d) + str32(a) for n, d, a in transports)
     body += u32(len(channels)) + b"".join(str32(c[0]) + str32(c[1]) + str32(c[2]) + str32(c[3] if len(c) > 3 else "")

@@ -30,7 +30,7 @@ namespace tensorplay {
 /// carry parameters and frames may leave tensor bytes to the cma channel; 3 negotiated transport
 /// and channels; 2 added authentication; other versions are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 4;
+inline constexpr std::uint16_t kProtocolVersion = 5;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
@@ -132,8 +132,10 @@ struct HandshakeAuth {
     std::function<Result<void>(const HelloInfo& peer)> admit;
 };
 
-/// What a frame is.
-enum class FrameKind : std::uint8_t { request = 1, response = 2, error = 3 };
+/// What a frame is. `control`: a channel's own message, never a call: its name says which
+/// ("cuda_ipc.ready", ...), and it carries no tensors; the connection handles cma's releases
+/// itself and hands the others to its reader like any frame (docs/protocol.md, "Control frames").
+enum class FrameKind : std::uint8_t { request = 1, response = 2, error = 3, control = 4 };
 
 /// A tensor as announced in a frame: what the receiver must allocate before reading its bytes.
 struct TensorDesc {
