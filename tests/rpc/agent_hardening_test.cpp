@@ -1,6 +1,7 @@
 // Native agent against hostile and dying peers on its port: cut-off frames, callees that die
 // mid-reply, claimed lengths, silent and slow sockets, the connection limit.
 #include "rpc/agent_test_util.hpp"
+#include "support/raw_wire.hpp"
 #include "support/sanitizers.hpp"
 #include "support/usage.hpp"
 #include "rpc/forked.hpp"
@@ -82,23 +83,6 @@ Task<asio::ip::tcp::socket> raw_connect(const std::string& address) {
     co_return s;
 }
 
-Task<void> send_raw(asio::ip::tcp::socket& s, Bytes b) {
-    auto [ec, n] = co_await asio::async_write(s, asio::buffer(b), detail::use_nothrow);
-    REQUIRE(!ec);
-}
-
-/// Reads a hello off `s` (prefix and body).
-Task<void> read_hello(asio::ip::tcp::socket& s) {
-    Bytes prefix(detail::kHelloPrefixSize);
-    auto [ec, n] = co_await asio::async_read(s, asio::buffer(prefix), detail::use_nothrow);
-    REQUIRE(!ec);
-    auto p = detail::decode_hello_prefix(prefix);
-    REQUIRE(p);
-    Bytes body(p->body_len);
-    auto [ec2, n2] = co_await asio::async_read(s, asio::buffer(body), detail::use_nothrow);
-    REQUIRE(!ec2);
-}
-
 HelloInfo named(std::string name, int rank) {
     HelloInfo h;
     h.name = std::move(name);
@@ -118,38 +102,9 @@ Bytes server_hello(std::string name, int rank) {
 /// another member of its group) as worker0, and read its answer.
 Task<asio::ip::tcp::socket> raw_handshaken(const std::string& address) {
     auto s = co_await raw_connect(address);
-    co_await send_raw(s, detail::encode_hello(named("worker0", 0)));
-    co_await read_hello(s);
+    co_await test::raw_write(s, detail::encode_hello(named("worker0", 0)));
+    co_await test::raw_read_hello(s);
     co_return s;
-}
-
-/// Waits until the other end has closed `s` (a read fails or reaches EOF).
-Task<void> until_closed_by_peer(asio::ip::tcp::socket& s) {
-    Bytes sink(1 << 16);
-    for (;;) {
-        auto [ec, n] = co_await s.async_read_some(asio::buffer(sink), detail::use_nothrow);
-        if (ec) co_return;
-    }
-}
-
-Bytes frame_head(std::uint8_t kind, std::uint64_t id, std::string_view name, std::uint64_t payload_len) {
-    WireWriter meta;
-    meta.str32(name).u32(0);
-    WireWriter w;
-    w.u16(detail::kFrameMarker).u8(kind).u8(0).u32(static_cast<std::uint32_t>(meta.size())).u64(id).u64(payload_len);
-    Bytes f = std::move(w).take();
-    f.insert(f.end(), meta.data().begin(), meta.data().end());
-    return f;
-}
-
-/// One blocking send(): the test's event loop (and the agent's) does not run meanwhile.
-void send_now(asio::ip::tcp::socket& s, const Bytes& b) {
-    std::size_t off = 0;
-    while (off < b.size()) {
-        ssize_t n = ::send(s.native_handle(), b.data() + off, b.size() - off, MSG_NOSIGNAL);
-        REQUIRE(n > 0);
-        off += static_cast<std::size_t>(n);
-    }
 }
 
 /// Ends the stream now: a FIN, or a reset (close with SO_LINGER 0).
@@ -176,7 +131,7 @@ TEST_CASE("the agent closes every inbound connection whose peer ends it in the m
         test::register_echo(g);
         const auto addr = g[1]->listen_address();
         const Bytes cut = [] {
-            Bytes b = frame_head(1, 1, "echo", 1000);
+            Bytes b = test::frame_head(1, 1, "echo", 1000);
             b.resize(b.size() + 300);
             return b;
         }();
@@ -184,16 +139,16 @@ TEST_CASE("the agent closes every inbound connection whose peer ends it in the m
         for (int i = 0; i < 100; ++i) {
             auto s = co_await raw_handshaken(addr);
             co_await test::sleep_for(0ms);
-            send_now(s, cut);
+            test::send_now(s, cut);
             end_now(s, false);
-            co_await until_closed_by_peer(s);
+            (void)co_await test::raw_closed_by_peer(s);
         }
         // Reset: the peer is gone; the agent's descriptors must go too.
         const std::size_t fds = open_fds();
         for (int i = 0; i < 100; ++i) {
             auto s = co_await raw_handshaken(addr);
             co_await test::sleep_for(0ms);
-            send_now(s, cut);
+            test::send_now(s, cut);
             end_now(s, true);
         }
         co_await wait_until([&] { return open_fds() <= fds; });
@@ -211,8 +166,8 @@ namespace {
 Task<void> dying_callee(asio::ip::tcp::acceptor& acc, bool reset) {
     auto [ec, s] = co_await acc.async_accept(detail::use_nothrow);
     REQUIRE(!ec);
-    co_await read_hello(s);
-    co_await send_raw(s, server_hello("worker1", 1));
+    co_await test::raw_read_hello(s);
+    co_await test::raw_write(s, server_hello("worker1", 1));
     Bytes head(detail::kFrameHeaderSize);
     auto [e1, n1] = co_await asio::async_read(s, asio::buffer(head), detail::use_nothrow);
     REQUIRE(!e1);
@@ -221,9 +176,9 @@ Task<void> dying_callee(asio::ip::tcp::acceptor& acc, bool reset) {
     Bytes rest(h->meta_len + h->payload_len);
     auto [e2, n2] = co_await asio::async_read(s, asio::buffer(rest), detail::use_nothrow);
     REQUIRE(!e2);
-    Bytes reply = frame_head(2, h->id, "", 200);
+    Bytes reply = test::frame_head(2, h->id, "", 200);
     reply.resize(reply.size() + 80);  // 80 of the 200 payload bytes
-    send_now(s, reply);
+    test::send_now(s, reply);
     end_now(s, reset);
     if (!reset) {
         asio::steady_timer linger(co_await asio::this_coro::executor, 3s);
@@ -279,9 +234,9 @@ TEST_CASE("a claimed 2 GiB payload costs the agent memory only as its bytes arri
         const std::size_t fds = open_fds();
         const std::size_t before = rss_bytes();
         auto s = co_await raw_handshaken(addr);
-        Bytes claim = frame_head(1, 1, "echo", std::uint64_t(1) << 31);  // exactly the limit
+        Bytes claim = test::frame_head(1, 1, "echo", std::uint64_t(1) << 31);  // exactly the limit
         claim.resize(claim.size() + 64 * 1024);
-        co_await send_raw(s, claim);
+        co_await test::raw_write(s, claim);
         co_await test::sleep_for(100ms);
         const std::size_t grown = rss_bytes() - before;
         INFO("RSS grew by " << grown / 1024 << " KiB");
@@ -400,12 +355,12 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
 
         auto silent = co_await raw_connect(addr);
         auto t0 = Clock::now();
-        co_await until_closed_by_peer(silent);
+        (void)co_await test::raw_closed_by_peer(silent);
         CHECK(Clock::now() - t0 < 3s);
 
         // A byte every 20 ms of a 150-byte frame: 3 s if it were let through.
         auto loris = co_await raw_handshaken(addr);
-        Bytes frame = frame_head(1, 1, "echo", 120);
+        Bytes frame = test::frame_head(1, 1, "echo", 120);
         frame.resize(frame.size() + 120);
         t0 = Clock::now();
         bool cut = false;
@@ -418,7 +373,7 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
             }
             co_await test::sleep_for(20ms);
         }
-        if (!cut) co_await until_closed_by_peer(loris);
+        if (!cut) (void)co_await test::raw_closed_by_peer(loris);
         CHECK(Clock::now() - t0 < 2s);
         co_await test::shutdown_all(g, false);
     });
@@ -436,7 +391,7 @@ TEST_CASE("beyond max_inbound_connections the agent closes new sockets at once a
         co_await test::sleep_for(50ms);
         auto refused = co_await raw_connect(addr);
         const auto t0 = Clock::now();
-        co_await until_closed_by_peer(refused);
+        (void)co_await test::raw_closed_by_peer(refused);
         CHECK(Clock::now() - t0 < 2s);  // at once, not at the 10 s handshake timeout
         for (auto& h : held) {
             asio::error_code ec;

@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -31,6 +32,28 @@ inline Bytes frame_header(std::uint8_t kind, std::uint32_t meta_len, std::uint64
     return std::move(w).take();
 }
 
+/// A frame head announcing `payload_len` bytes of payload (none of them): header and metadata
+/// (`name`, no tensors).
+inline Bytes frame_head(std::uint8_t kind, std::uint64_t id, std::string_view name, std::uint64_t payload_len) {
+    WireWriter meta;
+    meta.str32(name).u32(0);
+    Bytes f = frame_header(kind, static_cast<std::uint32_t>(meta.size()), id, payload_len);
+    f.insert(f.end(), meta.data().begin(), meta.data().end());
+    return f;
+}
+
+/// One blocking send() of all of `b`: the test's event loop (and the peer's, if it shares it)
+/// does not run meanwhile.
+template <class Socket>
+void send_now(Socket& s, const Bytes& b) {
+    std::size_t off = 0;
+    while (off < b.size()) {
+        const ssize_t n = ::send(s.native_handle(), b.data() + off, b.size() - off, MSG_NOSIGNAL);
+        REQUIRE(n > 0);
+        off += static_cast<std::size_t>(n);
+    }
+}
+
 /// Opens a raw stream to `address` with its transport (no handshake).
 inline Task<detail::TransportStream> raw_connect(Address address) {
     auto t = detail::transport_for(address);
@@ -41,35 +64,42 @@ inline Task<detail::TransportStream> raw_connect(Address address) {
     co_return std::move(*s);
 }
 
-/// Writes `b` whole: on the socket, or on the stream the transport set up after the handshake
-/// (finish_raw), where the peer expects frames.
-inline Task<void> raw_write(detail::TransportStream& s, Bytes b) {
-    if (s.polled) {
-        std::size_t off = 0;
-        while (off < b.size()) {
-            const iovec v{b.data() + off, b.size() - off};
-            auto n = s.polled->write_some(std::span<const iovec>(&v, 1));
-            REQUIRE(n);
-            off += *n;
-            if (*n == 0) REQUIRE(co_await s.polled->wait_writable());
-        }
-        co_return;
-    }
-    auto [ec, n] = co_await asio::async_write(s.socket, asio::buffer(b), detail::use_nothrow);
+/// Writes `b` whole on a socket.
+template <class Socket>
+Task<void> raw_write(Socket& s, Bytes b) {
+    auto [ec, n] = co_await asio::async_write(s, asio::buffer(b), detail::use_nothrow);
     REQUIRE(!ec);
 }
 
-/// Reads a hello (prefix and body) off the raw stream's socket.
-inline Task<void> raw_read_hello(detail::TransportStream& s) {
+/// Writes `b` whole on a raw stream: on its socket, or on the stream the transport set up after the
+/// handshake (finish_raw), where the peer expects frames.
+inline Task<void> raw_write(detail::TransportStream& s, Bytes b) {
+    if (!s.polled) co_return co_await raw_write(s.socket, std::move(b));
+    std::size_t off = 0;
+    while (off < b.size()) {
+        const iovec v{b.data() + off, b.size() - off};
+        auto n = s.polled->write_some(std::span<const iovec>(&v, 1));
+        REQUIRE(n);
+        off += *n;
+        if (*n == 0) REQUIRE(co_await s.polled->wait_writable());
+    }
+}
+
+/// Reads a hello (prefix and body) off a socket.
+template <class Socket>
+Task<void> raw_read_hello(Socket& s) {
     Bytes prefix(detail::kHelloPrefixSize);
-    auto [ec, n] = co_await asio::async_read(s.socket, asio::buffer(prefix), detail::use_nothrow);
+    auto [ec, n] = co_await asio::async_read(s, asio::buffer(prefix), detail::use_nothrow);
     REQUIRE(!ec);
     auto p = detail::decode_hello_prefix(prefix);
     REQUIRE(p);
     Bytes body(p->body_len);
-    std::tie(ec, n) = co_await asio::async_read(s.socket, asio::buffer(body), detail::use_nothrow);
+    std::tie(ec, n) = co_await asio::async_read(s, asio::buffer(body), detail::use_nothrow);
     REQUIRE(!ec);
 }
+
+/// Reads a hello off a raw stream's socket (the handshake runs there for every transport).
+inline Task<void> raw_read_hello(detail::TransportStream& s) { return raw_read_hello(s.socket); }
 
 /// After the hellos (the other side wrote last): the transport's own setup, as a real client
 /// would do it (shm: the rings; we send our setup first). Nothing for other transports.
@@ -86,20 +116,26 @@ inline void raw_close(detail::TransportStream& s) {
     s.socket.close(ec);
 }
 
-/// Reads (and drops) until the peer closes the raw stream; true then.
-inline Task<bool> raw_closed_by_peer(detail::TransportStream& s) {
+/// Reads (and drops) until the peer closes the socket (a read fails or reaches EOF); true then.
+/// (Await it outside Catch's assertion macros: under GCC 12 a co_await inside one hangs.)
+template <class Socket>
+Task<bool> raw_closed_by_peer(Socket& s) {
     Bytes sink(1 << 16);
-    if (s.polled) {
-        for (;;) {
-            auto n = s.polled->read_some(sink);
-            if (!n) co_return true;
-            if (*n == 0)
-                if (auto w = co_await s.polled->wait_readable(); !w) co_return true;
-        }
-    }
     for (;;) {
-        auto [ec, n] = co_await s.socket.async_read_some(asio::buffer(sink), detail::use_nothrow);
+        auto [ec, n] = co_await s.async_read_some(asio::buffer(sink), detail::use_nothrow);
         if (ec) co_return true;
+    }
+}
+
+/// raw_closed_by_peer on a raw stream: its socket, or the stream set up after the handshake.
+inline Task<bool> raw_closed_by_peer(detail::TransportStream& s) {
+    if (!s.polled) co_return co_await raw_closed_by_peer(s.socket);
+    Bytes sink(1 << 16);
+    for (;;) {
+        auto n = s.polled->read_some(sink);
+        if (!n) co_return true;
+        if (*n == 0)
+            if (auto w = co_await s.polled->wait_readable(); !w) co_return true;
     }
 }
 

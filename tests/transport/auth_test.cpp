@@ -247,7 +247,7 @@ TEST_CASE("a raw client with a made-up proof is refused and what it sent next is
                      CHECK(r.error().code() == Errc::unauthorized);
                      CHECK(r.error().message().find("wrong proof") != std::string::npos);
                  });
-        co_await test::write_raw(raw, td::encode_hello(keyed_hello("raw", 1)));
+        co_await test::raw_write(raw, td::encode_hello(keyed_hello("raw", 1)));
         auto theirs = co_await read_full_hello(raw);
         CHECK(theirs.step == td::HelloStep::proof);
         td::AuthRecord proof;
@@ -255,7 +255,7 @@ TEST_CASE("a raw client with a made-up proof is refused and what it sent next is
         Bytes out = td::encode_auth_record(proof);
         const Bytes frame = request_frame();
         out.insert(out.end(), frame.begin(), frame.end());
-        co_await test::write_raw(raw, out);
+        co_await test::raw_write(raw, out);
         auto verdict = co_await read_record(raw);
         CHECK(verdict.kind == td::AuthRecordKind::refused);
         CHECK(verdict.reason.find("proof") != std::string::npos);
@@ -277,13 +277,13 @@ TEST_CASE("a client that reflects the server's proof back as its own is refused"
                  });
         // The same nonce as the server's would make both transcripts alike but for the label.
         auto mine = keyed_hello("raw", 1);
-        co_await test::write_raw(raw, td::encode_hello(mine));
+        co_await test::raw_write(raw, td::encode_hello(mine));
         auto theirs = co_await read_full_hello(raw);
         REQUIRE(theirs.step == td::HelloStep::proof);
         td::AuthRecord proof;
         proof.kind = td::AuthRecordKind::proof;
         proof.proof = theirs.proof;
-        co_await test::write_raw(raw, td::encode_auth_record(proof));
+        co_await test::raw_write(raw, td::encode_auth_record(proof));
         auto verdict = co_await read_record(raw);
         CHECK(verdict.kind == td::AuthRecordKind::refused);
         const bool closed = co_await closed_by_peer(raw);
@@ -303,7 +303,7 @@ TEST_CASE("a keyless raw client gets a refusal in the server's hello, which tell
         Bytes out = td::encode_hello(test::hello("raw", 1));
         const Bytes frame = request_frame();
         out.insert(out.end(), frame.begin(), frame.end());
-        co_await test::write_raw(raw, out);
+        co_await test::raw_write(raw, out);
         auto theirs = co_await read_full_hello(raw);
         CHECK(theirs.step == td::HelloStep::refused);
         CHECK(theirs.reason.find("requires authentication") != std::string::npos);
@@ -331,7 +331,7 @@ TEST_CASE("a version 1 peer is told which versions disagree", "[transport][auth]
         WireWriter w;
         w.u32(kProtocolMagic).u16(1).u16(0).u32(0).str32("old").i32(1).u32(1).str32("tcp").u32(1).str32("basic");
         w.patch_u32(8, static_cast<std::uint32_t>(w.size() - td::kHelloPrefixSize));
-        co_await test::write_raw(raw, std::move(w).take());
+        co_await test::raw_write(raw, std::move(w).take());
         Bytes prefix(td::kHelloPrefixSize);
         auto [ec, n] = co_await asio::async_read(raw, asio::buffer(prefix), td::use_nothrow);
         REQUIRE(!ec);

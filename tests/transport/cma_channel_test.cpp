@@ -502,8 +502,8 @@ Task<std::shared_ptr<Connection>> raw_handshake(Raw& r, const Bytes& client_hell
     using namespace td::awaitable_ops;
     auto [ec] = co_await r.sock.async_connect(r.acc.local_endpoint(), td::use_nothrow);
     REQUIRE(!ec);
-    co_await test::write_raw(r.sock, client_hello);
-    auto conn = co_await (test::accept_one(r.acc, server, ConnectionLimits{}) && test::read_hello(r.sock));
+    co_await test::raw_write(r.sock, client_hello);
+    auto conn = co_await (test::accept_one(r.acc, server, ConnectionLimits{}) && test::raw_read_hello(r.sock));
     REQUIRE(conn);
     co_return *conn;
 }
@@ -530,7 +530,7 @@ TEST_CASE("a peer that sends by reference without cma, or releases an unknown ho
         Raw r{asio::ip::tcp::acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0}), asio::ip::tcp::socket(ex)};
         auto conn = co_await raw_handshake(r, client_hello, server);
         REQUIRE(channel_of(*conn) == "basic");  // the raw client offered basic only
-        co_await test::write_raw(r.sock, bad);
+        co_await test::raw_write(r.sock, bad);
         auto f = co_await conn->receive();
         REQUIRE_FALSE(f);
         INFO(f.error().to_string());

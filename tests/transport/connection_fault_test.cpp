@@ -35,17 +35,10 @@ Task<std::unique_ptr<RawClient>> raw_client() {
 /// Raw client that completed a valid handshake; returns the server-side Connection.
 Task<std::shared_ptr<Connection>> handshaken(RawClient& rc, ConnectionLimits limits = {}) {
     using namespace tensorplay::detail::awaitable_ops;
-    co_await test::write_raw(rc.raw, tensorplay::detail::encode_hello(test::hello("raw", 7)));
-    auto conn = co_await (test::accept_one(rc.acc, test::hello("server", 0), limits) && test::read_hello(rc.raw));
+    co_await test::raw_write(rc.raw, tensorplay::detail::encode_hello(test::hello("raw", 7)));
+    auto conn = co_await (test::accept_one(rc.acc, test::hello("server", 0), limits) && test::raw_read_hello(rc.raw));
     REQUIRE(conn);
     co_return *conn;
-}
-
-Bytes header(std::uint8_t kind, std::uint32_t meta_len, std::uint64_t id, std::uint64_t payload_len,
-             std::uint16_t marker = tensorplay::detail::kFrameMarker) {
-    WireWriter w;
-    w.u16(marker).u8(kind).u8(0).u32(meta_len).u64(id).u64(payload_len);
-    return std::move(w).take();
 }
 
 }  // namespace
@@ -79,7 +72,7 @@ TEST_CASE("garbage after a good frame: dispatch_to hands over the frame, then th
         REQUIRE(inl);
         const Bytes junk = bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n");  // (longer than a frame header)
         wire.insert(wire.end(), junk.begin(), junk.end());
-        co_await test::write_raw(rc->raw, wire);
+        co_await test::raw_write(rc->raw, wire);
         co_await events.until([&] { return sink->why.has_value(); });
         REQUIRE(sink->ids.size() == 1);
         CHECK(sink->ids[0] == 42);
@@ -95,9 +88,9 @@ TEST_CASE("a tensor whose byte count disagrees with its shape is refused", "[tra
         WireWriter meta;
         meta.str32("h").u32(1);
         meta.u8(static_cast<std::uint8_t>(DType::float32)).u8(0).u16(0xFFFF).u8(0).u16(0xFFFF).u8(1).i64(4).u64(1 << 30);
-        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        auto h = test::frame_header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
         h.insert(h.end(), meta.data().begin(), meta.data().end());
-        co_await test::write_raw(rc->raw, h);
+        co_await test::raw_write(rc->raw, h);
         auto r = co_await conn->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::protocol_error);
@@ -110,7 +103,7 @@ namespace {
 Bytes small_frame(std::uint64_t id) {
     WireWriter meta;
     meta.str32("h").u32(0);
-    auto f = header(1, static_cast<std::uint32_t>(meta.size()), id, 5);
+    auto f = test::frame_header(1, static_cast<std::uint32_t>(meta.size()), id, 5);
     f.insert(f.end(), meta.data().begin(), meta.data().end());
     for (char c : std::string("hello")) f.push_back(static_cast<std::uint8_t>(c));
     return f;
@@ -126,7 +119,7 @@ Task<void> frame_then_end(bool reset, bool short_reads = false, bool reply = fal
     auto rc = co_await raw_client();
     auto conn = co_await handshaken(*rc);
     tensorplay::detail::set_short_reads(*conn, short_reads);
-    co_await test::write_raw(rc->raw, small_frame(9));
+    co_await test::raw_write(rc->raw, small_frame(9));
     if (reset) rc->raw.set_option(asio::socket_base::linger(true, 0));  // close sends RST
     rc->raw.close();
     asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
@@ -175,7 +168,7 @@ TEST_CASE("short reads: a FIN that came with the last frame is found by the next
 TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto rc = co_await raw_client();
-        co_await test::write_raw(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), 0xDEADBEEF));
+        co_await test::raw_write(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), 0xDEADBEEF));
         auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), {});
         REQUIRE_FALSE(c);
         CHECK(c.error().code() == Errc::protocol_error);
@@ -186,7 +179,7 @@ TEST_CASE("a handshake with a bad magic is refused", "[transport][fault]") {
 TEST_CASE("a handshake with another protocol version is refused on both sides", "[transport][fault]") {
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto rc = co_await raw_client();
-        co_await test::write_raw(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), kProtocolMagic, 99));
+        co_await test::raw_write(rc->raw, tensorplay::detail::encode_hello(test::hello("raw", 0), kProtocolMagic, 99));
         auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), {});
         REQUIRE_FALSE(c);
         CHECK(c.error().code() == Errc::protocol_error);
@@ -200,8 +193,8 @@ TEST_CASE("a handshake with another protocol version is refused on both sides", 
         auto fake_server = [&acc]() -> Task<void> {
             auto [ec, s] = co_await acc.async_accept(tensorplay::detail::use_nothrow);
             REQUIRE(!ec);
-            co_await test::read_hello(s);
-            co_await test::write_raw(s, tensorplay::detail::encode_hello(test::hello("future", 1), kProtocolMagic, kProtocolVersion + 1));
+            co_await test::raw_read_hello(s);
+            co_await test::raw_write(s, tensorplay::detail::encode_hello(test::hello("future", 1), kProtocolMagic, kProtocolVersion + 1));
         };
         auto cl = co_await (asio::co_spawn(ex, fake_server, asio::use_awaitable) &&
                                       Connection::connect("127.0.0.1", port, test::hello("client", 0)));
@@ -216,7 +209,7 @@ TEST_CASE("a peer that never completes the handshake times out", "[transport][fa
         auto rc = co_await raw_client();
         ConnectionLimits limits;
         limits.handshake_timeout = 100ms;
-        co_await test::write_raw(rc->raw, Bytes(2, std::uint8_t{0x54}));  // two bytes of a hello, then silence
+        co_await test::raw_write(rc->raw, Bytes(2, std::uint8_t{0x54}));  // two bytes of a hello, then silence
         auto c = co_await test::accept_one(rc->acc, test::hello("server", 0), limits);
         REQUIRE_FALSE(c);
         CHECK(c.error().code() == Errc::timeout);
@@ -261,7 +254,7 @@ Task<void> dribble(asio::ip::tcp::socket& raw, const Connection& conn, Bytes b, 
     for (std::size_t off = 0; off < b.size(); off += step) {
         const auto reads = conn.stats().reads;
         Bytes piece(b.begin() + off, b.begin() + std::min(b.size(), off + step));
-        co_await test::write_raw(raw, std::move(piece));
+        co_await test::raw_write(raw, std::move(piece));
         while (conn.stats().reads == reads) {
             tick.expires_after(std::chrono::microseconds(200));
             co_await tick.async_wait(tensorplay::detail::use_nothrow);
@@ -313,7 +306,7 @@ TEST_CASE("frames split across reads, and frames straddling the end of the read 
             }
             REQUIRE(many.size() > 512 * 1024);
             auto bulk_reader = receive_n(*conn, 4000);
-            auto bulk_writer = test::write_raw(rc->raw, std::move(many));
+            auto bulk_writer = test::raw_write(rc->raw, std::move(many));
             auto frames = co_await (std::move(bulk_reader) && std::move(bulk_writer));
             REQUIRE(frames.size() == 4000);
             bool all_match = true;
@@ -360,10 +353,10 @@ TEST_CASE("join: a connection closed with its writer blocked on a peer that does
         WireWriter meta;
         meta.str32("h").u32(1);
         meta.u8(0).u8(0).u16(0xFFFF).u8(0).u16(0xFFFF).u8(1).i64(1 << 20).u64(1 << 20);
-        auto h = header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
+        auto h = test::frame_header(1, static_cast<std::uint32_t>(meta.size()), 1, 0);
         h.insert(h.end(), meta.data().begin(), meta.data().end());
         h.resize(h.size() + 100000);
-        co_await test::write_raw(rc->raw, h);
+        co_await test::raw_write(rc->raw, h);
         // 64 MiB queued to a peer that never reads: the writer blocks in its write.
         for (std::uint64_t i = 0; i < 64; ++i) {
             Frame f;

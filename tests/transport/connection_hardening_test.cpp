@@ -42,35 +42,10 @@ Task<Peer> handshaken(asio::ip::tcp::acceptor& acc, ConnectionLimits limits = {}
     asio::ip::tcp::socket raw(ex);
     auto [ec] = co_await raw.async_connect(acc.local_endpoint(), tensorplay::detail::use_nothrow);
     REQUIRE(!ec);
-    co_await test::write_raw(raw, tensorplay::detail::encode_hello(test::hello("raw", 7)));
-    auto conn = co_await (test::accept_one(acc, test::hello("server", 0), limits) && test::read_hello(raw));
+    co_await test::raw_write(raw, tensorplay::detail::encode_hello(test::hello("raw", 7)));
+    auto conn = co_await (test::accept_one(acc, test::hello("server", 0), limits) && test::raw_read_hello(raw));
     REQUIRE(conn);
     co_return Peer{std::move(raw), *conn};
-}
-
-Bytes header(std::uint32_t meta_len, std::uint64_t id, std::uint64_t payload_len) {
-    WireWriter w;
-    w.u16(tensorplay::detail::kFrameMarker).u8(1).u8(0).u32(meta_len).u64(id).u64(payload_len);
-    return std::move(w).take();
-}
-
-/// The head of a request named "h" with a payload of `payload_len` bytes (none of them).
-Bytes request_head(std::uint64_t payload_len) {
-    WireWriter meta;
-    meta.str32("h").u32(0);
-    auto f = header(static_cast<std::uint32_t>(meta.size()), 1, payload_len);
-    f.insert(f.end(), meta.data().begin(), meta.data().end());
-    return f;
-}
-
-/// Writes `b` with one blocking send() (the test's loop does not run meanwhile).
-void send_now(asio::ip::tcp::socket& s, const Bytes& b) {
-    std::size_t off = 0;
-    while (off < b.size()) {
-        ssize_t n = ::send(s.native_handle(), b.data() + off, b.size() - off, MSG_NOSIGNAL);
-        REQUIRE(n > 0);
-        off += static_cast<std::size_t>(n);
-    }
 }
 
 /// Ends the stream now: a FIN (shutdown) or a reset (close with SO_LINGER 0).
@@ -126,9 +101,9 @@ TEST_CASE("a frame cut off by a FIN or reset that comes with its last bytes clos
             sink->events = &events;
             tensorplay::detail::dispatch_to(*p.conn, sink);
             co_await sleep_for(0ms);  // (the reader is now waiting for the next edge)
-            Bytes cut = request_head(1000);
+            Bytes cut = test::frame_head(1, 1, "h", 1000);
             cut.resize(cut.size() + 300);  // 300 of the 1,000 payload bytes
-            send_now(p.raw, cut);
+            test::send_now(p.raw, cut);
             end_now(p.raw, reset);
             co_await events.until([&] { return sink->closed.has_value(); });
             CHECK(sink->frames == 0);
@@ -155,9 +130,9 @@ TEST_CASE("a sink that awaits input sees a reset that came with a whole frame at
             sink->awaits = true;
             tensorplay::detail::dispatch_to(*p.conn, sink);
             co_await sleep_for(0ms);
-            Bytes whole = request_head(4);
+            Bytes whole = test::frame_head(1, 1, "h", 4);
             whole.resize(whole.size() + 4);
-            send_now(p.raw, whole);
+            test::send_now(p.raw, whole);
             end_now(p.raw, true);
             co_await events.until([&] { return sink->closed.has_value(); });
             CHECK(sink->frames == 1);
@@ -177,10 +152,10 @@ TEST_CASE("a payload length claimed in a header costs memory only as its bytes a
         sink->events = &events;
         tensorplay::detail::dispatch_to(*p.conn, sink);
         const std::size_t before = rss_bytes();
-        Bytes head = request_head(std::uint64_t(1) << 31);  // exactly the limit
+        Bytes head = test::frame_head(1, 1, "h", std::uint64_t(1) << 31);  // exactly the limit
         head.resize(head.size() + 64 * 1024);
         const auto reads = p.conn->stats().reads;
-        co_await test::write_raw(p.raw, head);
+        co_await test::raw_write(p.raw, head);
         while (p.conn->stats().reads == reads) co_await sleep_for(1ms);
         co_await sleep_for(50ms);
         const std::size_t grown = rss_bytes() - before;
@@ -211,14 +186,14 @@ TEST_CASE("a frame over the shared receive budget is answered with an error and 
         ConnectionLimits limits;
         limits.budget = std::make_shared<ReceiveBudget>(1 << 20);
         auto p = co_await handshaken(acc, limits);
-        Bytes big = request_head(4 << 20);
+        Bytes big = test::frame_head(1, 1, "h", 4 << 20);
         big.resize(big.size() + (4 << 20), 0xAB);
-        Bytes small = request_head(3);
+        Bytes small = test::frame_head(1, 1, "h", 3);
         small.resize(small.size() + 3, 0x01);
         big.insert(big.end(), small.begin(), small.end());
         using namespace tensorplay::detail::awaitable_ops;
         auto reading = p.conn->receive();
-        auto writing = test::write_raw(p.raw, big);
+        auto writing = test::raw_write(p.raw, big);
         auto r = co_await (std::move(reading) && std::move(writing));
         REQUIRE(r);
         REQUIRE(r->alloc_error);
@@ -353,9 +328,9 @@ TEST_CASE("a tensor shape whose size overflows is a protocol error", "[transport
         asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
         auto p = co_await handshaken(acc);
         const Bytes meta = tensor_meta(DType::uint8, cases[0].shape, 0);
-        Bytes f = header(static_cast<std::uint32_t>(meta.size()), 3, 0);
+        Bytes f = test::frame_header(1, static_cast<std::uint32_t>(meta.size()), 3, 0);
         f.insert(f.end(), meta.begin(), meta.end());
-        co_await test::write_raw(p.raw, f);
+        co_await test::raw_write(p.raw, f);
         auto r = co_await p.conn->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::protocol_error);

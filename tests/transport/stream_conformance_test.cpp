@@ -25,15 +25,6 @@ std::string any_stream() { return GENERATE(std::string("uv"), std::string("uds")
 /// 0 B, 1 B, 4 KiB, 1 MiB, 64 MiB (built outside coroutines: GCC 12 and initializer lists).
 std::vector<std::size_t> tensor_sizes() { return {0, 1, 4096, std::size_t(1) << 20, std::size_t(64) << 20}; }
 
-/// The head of a request named "h" announcing a payload of `payload_len` bytes (none of them).
-Bytes request_head(std::uint64_t id, std::uint64_t payload_len) {
-    WireWriter meta;
-    meta.str32("h").u32(0);
-    auto f = test::frame_header(1, static_cast<std::uint32_t>(meta.size()), id, payload_len);
-    f.insert(f.end(), meta.data().begin(), meta.data().end());
-    return f;
-}
-
 /// Records what Connection::dispatch_to hands it, and how.
 struct RecordingSink final : FrameSink {
     struct Got {
@@ -244,7 +235,7 @@ TEST_CASE("streams: a frame over max_frame_bytes closes the connection before an
         ConnectionLimits limits;
         limits.max_frame_bytes = 1 << 20;
         auto p = co_await test::raw_handshaken_over(transport, limits);
-        co_await test::raw_write(p.raw, request_head(1, 2 << 20));
+        co_await test::raw_write(p.raw, test::frame_head(1, 1, "h", 2 << 20));
         auto r = co_await p.conn->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::protocol_error);
@@ -285,7 +276,7 @@ TEST_CASE("streams: a peer that sends a frame and ends: the frame, then connecti
     INFO("over " << transport);
     test::run_with_deadline(5s, [&]() -> Task<void> {
         auto p = co_await test::raw_handshaken_over(transport);
-        auto f = request_head(9, 5);
+        auto f = test::frame_head(1, 9, "h", 5);
         for (char c : std::string("hello")) f.push_back(static_cast<std::uint8_t>(c));
         co_await test::raw_write(p.raw, f);
         test::raw_close(p.raw);
@@ -312,7 +303,7 @@ TEST_CASE("streams: a slow-loris sender is closed after the frame timeout", "[tr
         std::optional<Result<Frame>> got;
         asio::co_spawn(ex, p.conn->receive(), [&](std::exception_ptr, Result<Frame> r) { got = std::move(r); });
         const auto t0 = Clock::now();
-        Bytes frame = request_head(1, 100);
+        Bytes frame = test::frame_head(1, 1, "h", 100);
         frame.resize(frame.size() + 100);  // a byte every 20 ms: 3 s if it were let through
         for (std::size_t i = 0; i < frame.size() && !got; ++i) {
             Bytes one(1, frame[i]);

@@ -143,23 +143,6 @@ struct RawPair {
     Task<Result<std::shared_ptr<Connection>>> accepted;
 };
 
-inline Task<void> write_raw(asio::ip::tcp::socket& s, Bytes b) {
-    auto [ec, n] = co_await asio::async_write(s, asio::buffer(b), detail::use_nothrow);
-    REQUIRE(!ec);
-}
-
-/// Reads the server's hello off a raw socket.
-inline Task<void> read_hello(asio::ip::tcp::socket& s) {
-    Bytes prefix(detail::kHelloPrefixSize);
-    auto [ec, n] = co_await asio::async_read(s, asio::buffer(prefix), detail::use_nothrow);
-    REQUIRE(!ec);
-    auto p = detail::decode_hello_prefix(prefix);
-    REQUIRE(p);
-    Bytes body(p->body_len);
-    auto [ec2, n2] = co_await asio::async_read(s, asio::buffer(body), detail::use_nothrow);
-    REQUIRE(!ec2);
-}
-
 /// Lets a test await what a FrameSink is told: the sink calls notify() from each of its calls, and
 /// until() waits for those calls (not by polling) until its condition holds. One thread: a sink is
 /// called only while the awaiting test is suspended, so no notification falls between the check
