@@ -21,6 +21,7 @@
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "rpc/device_channels.hpp"
+#include "rpc/endpoint.hpp"
 #include "transport/transport.hpp"
 
 #include <asio/ip/tcp.hpp>
@@ -149,27 +150,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     bool roster_read = false;  ///< `peers` holds the whole group
     int last_called = -1;      // the rank ready_rank found last (never our own)
 
-    /// One per transport this worker uses, in priority order (native_agent_init.cpp).
-    std::vector<std::unique_ptr<Listener>> listeners;
-    std::vector<std::shared_ptr<const Transport>> transports;  ///< the same order
-    std::vector<TransportOffer> transport_offers;              ///< what hello() and the store record say
-    std::vector<ChannelOffer> channel_offers;
-    std::string host;  ///< the TCP listener's (empty without one)
-    std::uint16_t port = 0;
     /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
-    /// it, so the accept loop waits for it (early connections wait in the listen backlog).
+    /// it, so the accept loops wait for it (early connections wait in the listen backlog).
     Flag roster_known;
-    /// The group's shared key (TensorPipeRpcBackendOptions::auth_key and its fallbacks); empty:
-    /// none. Never logged.
-    std::string auth_key;
-    std::vector<std::weak_ptr<Connection>> inbound;
-    std::size_t inbound_open = 0;  ///< inbound sockets accepted and not yet closed (tuning.max_inbound_connections)
-    bool inbound_full_logged = false;
-    /// The sockets of inbound connections in their handshake, by when they came (oldest first):
-    /// the accept loop ends the oldest when tuning.max_inbound_handshakes are (native_agent_accept.cpp).
-    std::map<std::uint64_t, int> handshaking;
-    std::uint64_t next_handshake = 0;
-    LogThrottle refusals_logged;  ///< the warnings of refused and ended handshakes (a peer causes them at will)
+    /// Listeners and offers, the group's key, and inbound connections (endpoint.hpp).
+    Endpoint endpoint;
+    std::vector<ChannelOffer> channel_offers;
 
     HandlerRegistry handlers;
     std::mutex pool_mutex;
@@ -391,9 +377,9 @@ private:
 [[nodiscard]] std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors,
                                                 std::vector<Device>& targets);
 
-/// Accepts the inbound connections of `listener` until the agent closes: each one's handshake runs
-/// in its own task, bounded by tuning.max_inbound_connections and max_inbound_handshakes.
-[[nodiscard]] Task<void> accept_loop(std::shared_ptr<AgentCore> core, Listener* listener);
+/// Accepts on the endpoint's listener `i` once the roster is read (inbound peers are admitted
+/// against it), until the agent closes.
+[[nodiscard]] Task<void> accept_when_ready(std::shared_ptr<AgentCore> core, std::size_t i);
 
 /// Logs an exception that escaped a spawned coroutine (a co_spawn completion handler).
 void log_task_error(std::exception_ptr e);

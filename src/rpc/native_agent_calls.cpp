@@ -112,7 +112,7 @@ public:
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
         if (core.device_channels) core.device_channels->forget(conn_.get());
-        if (!peer_) --core.inbound_open;
+        if (!peer_) core.endpoint.inbound_closed();
         if (peer_) {
             PeerLink& peer = *peer_;
             if (peer.conn == conn_) peer.conn.reset();
@@ -178,8 +178,7 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     if (link) {
         link->conn = conn;
     } else {
-        std::erase_if(inbound, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
-        inbound.push_back(conn);
+        endpoint.track(conn);
         set_output_bounds(*conn, tuning.reply_bounds);  // (its peer's requests stop being read while it reads no replies)
     }
     auto* c = conn.get();
@@ -516,13 +515,14 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
 
 std::vector<std::string> NativeAgent::listen_urls() const {
     std::vector<std::string> out;
-    for (const auto& o : core_->transport_offers) out.push_back(o.address);
+    for (const auto& o : core_->endpoint.offers()) out.push_back(o.address);
     return out;
 }
 
 std::string NativeAgent::listen_address() const {
-    if (!core_->host.empty() || core_->transport_offers.empty()) return core_->host + ":" + std::to_string(core_->port);
-    return core_->transport_offers.front().address;
+    const Endpoint& e = core_->endpoint;
+    if (!e.host().empty() || e.offers().empty()) return e.host() + ":" + std::to_string(e.port());
+    return e.offers().front().address;
 }
 
 std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }

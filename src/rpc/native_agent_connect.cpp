@@ -43,15 +43,15 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     auto limits = tuning.limits;
     if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
     HandshakeAuth auth;
-    auth.key = auth_key;
+    auth.key = endpoint.key();
     // The negotiation runs over the peer's lowest-priority address of a transport this worker
     // has (its list is in its priority order: uv, when both have it); the handshake then chooses.
     const TransportOffer* boot = nullptr;
     for (auto it = p.addresses.rbegin(); it != p.addresses.rend() && !boot; ++it)
-        for (const auto& t : transports)
+        for (const auto& t : endpoint.transports())
             if (t->name() == it->name) boot = &*it;
     Result<Address> address = fail(Errc::not_supported, "no common transport between worker \"" + self.name + "\" (offers " +
-                                                            offer_names(transport_offers) + ") and worker \"" + p.info.name +
+                                                            offer_names(endpoint.offers()) + ") and worker \"" + p.info.name +
                                                             "\" (offers " + offer_names(p.addresses) + ")");
     if (boot) address = Address::parse(boot->address);
     const std::string where = boot ? boot->address : std::string("(no common transport)");

@@ -46,18 +46,34 @@ int local_cuda_device_count() {
     return b ? (*b)->device_count() : 0;
 }
 
+namespace {
+/// `t` with its receive budget made when it has none.
+NativeAgentTuning with_budget(NativeAgentTuning t) {
+    if (!t.limits.budget) t.limits.budget = std::make_shared<ReceiveBudget>(t.receive_budget_bytes);
+    return t;
+}
+
+/// Runs `t` holding the agent (a task of its group outlives nothing it uses).
+Task<void> keeping([[maybe_unused]] std::shared_ptr<AgentCore> keep, Task<void> t) { co_await std::move(t); }
+}  // namespace
+
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
       store(std::move(args.store)),
       options(std::move(args.options)),
-      tuning(std::move(t)),
+      tuning(with_budget(std::move(t))),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
+      endpoint(self.name, InboundLimits{tuning.max_inbound_connections, tuning.max_inbound_handshakes}, tuning.limits,
+               InboundHooks{[this] { return hello(); }, [this](const HelloInfo& peer) { return admit(peer); },
+                            [this](std::shared_ptr<Connection> c) { adopt_connection(std::move(c), -1); },
+                            [this](Task<void> task, const char* what) {
+                                return tasks.spawn(keeping(shared_from_this(), std::move(task)), what);
+                            }}),
       handlers(self.name),
       calls(ex, tasks),  // (tasks: bound now, used later)
       tasks(ex) {
     slots = &SlotRegistry::of(ex);
-    if (!tuning.limits.budget) tuning.limits.budget = std::make_shared<ReceiveBudget>(tuning.receive_budget_bytes);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
     tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
 }
@@ -71,14 +87,13 @@ AgentCore::~AgentCore() {
         w->parked_in = nullptr;
         w->wake.abandon();
     }
-    for (auto& l : listeners) l->close();
 }
 
 HelloInfo AgentCore::hello() const {
     HelloInfo h;
     h.name = self.name;
     h.rank = self.id;
-    h.transports = transport_offers;
+    h.transports = endpoint.offers();
     h.channels = channel_offers;
     return h;
 }
@@ -131,24 +146,12 @@ Result<std::string> group_auth_key(const TensorPipeRpcBackendOptions* o) {
 }  // namespace
 
 Result<void> AgentCore::listen() {
-    auto chosen = select_transports(tp_options ? tp_options->transports : std::nullopt);
-    if (!chosen) return fail(chosen.error());
     auto chans = select_channels(tp_options ? tp_options->channels : std::nullopt);
     if (!chans) return fail(chans.error());
-    ListenSpec spec;
-    if (tp_options) spec.tcp_address = tp_options->listen_address;
-    for (auto& t : *chosen) {
-        auto l = t->listen(ex, spec);
-        if (!l) return fail(std::move(l).error().context("listening for transport \"" + std::string(t->name()) + "\""));
-        const Address& a = (*l)->address();
-        if (a.kind == Address::Kind::tcp && host.empty()) {
-            host = a.host;
-            port = a.port;
-        }
-        transport_offers.push_back(TransportOffer{std::string(t->name()), t->domain(), a.str()});
-        listeners.push_back(std::move(*l));
-        transports.push_back(std::move(t));
-    }
+    if (auto l = endpoint.listen(ex, tp_options ? tp_options->transports : std::nullopt,
+                                 tp_options ? tp_options->listen_address : std::string());
+        !l)
+        return l;
     // CPU channels carry CPU tensors; the device channels (cuda_ipc, cuda_basic) are offered for
     // the cuda device type when this process has cuda devices. Outboxes (cuda_ipc) go on the
     // devices this worker names or maps from.
@@ -231,19 +234,19 @@ Result<void> AgentCore::open_endpoint() {
         if (auto r = handlers.add(h.name, std::move(h.coro), std::move(h.blocking)); !r) return r;
     if (auto r = add_membership_handlers(); !r) return r;
     if (auto k = group_auth_key(tp_options); !k) return fail(k.error());
-    else auth_key = std::move(*k);
+    else endpoint.set_key(std::move(*k));
     if (auto l = listen(); !l) return l;
     std::string where;
-    for (const auto& o : transport_offers) where += (where.empty() ? "" : ", ") + o.address;
-    if (auth_key.empty() && !host.empty()) {
+    for (const auto& o : endpoint.offers()) where += (where.empty() ? "" : ", ") + o.address;
+    if (endpoint.key().empty() && !endpoint.host().empty()) {
         std::error_code ec;
-        if (auto a = asio::ip::make_address(host, ec); !ec && !a.is_loopback())
-            log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" listens on " + host + ":" + std::to_string(port) +
+        if (auto a = asio::ip::make_address(endpoint.host(), ec); !ec && !a.is_loopback())
+            log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" listens on " + endpoint.host() + ":" + std::to_string(endpoint.port()) +
                                            " without authentication: anyone who reaches it can call its handlers; set "
                                            "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
                                            "secret on every worker");
     }
-    for (auto& l : listeners) tasks.spawn(accept_loop(shared_from_this(), l.get()), "an accept loop");
+    for (std::size_t i = 0; i < endpoint.listeners(); ++i) tasks.spawn(accept_when_ready(shared_from_this(), i), "an accept loop");
     const std::string of = dynamic() ? std::string(" of a dynamic group") : " of " + std::to_string(world_size);
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + of + ") listening on " + where);
     return ok();
@@ -260,7 +263,7 @@ Task<Result<void>> AgentCore::start() {
     if (dynamic()) co_return co_await start_dynamic();
 
     const Duration wait_limit = tuning.init_timeout > Duration::zero() ? tuning.init_timeout : store->timeout();
-    PeerRecord mine{self.name, self.id, transport_offers};
+    PeerRecord mine{self.name, self.id, endpoint.offers()};
     const std::string info = std::string(kKeyPrefix) + "info/";
     if (auto r = co_await store->set(info + std::to_string(self.id), encode_record(mine)); !r)
         co_return fail(std::move(r).error().context("publishing the address of worker \"" + self.name + "\""));
@@ -408,7 +411,6 @@ void AgentCore::close_local(const Error& reason) {
     if (state == State::closed) return;
     state = State::closed;
     closed.store(true, std::memory_order_release);
-    for (auto& l : listeners) l->close();
     roster_known.set();
     membership_changed.set();
     peers.for_each([&](PeerLink& p) {
@@ -417,9 +419,7 @@ void AgentCore::close_local(const Error& reason) {
         p.conn.reset();
         if (p.connecting) p.connecting->set();
     });
-    for (auto& w : inbound)
-        if (auto c = w.lock()) c->close(reason);
-    inbound.clear();
+    endpoint.close(reason);  // (stops listening; inbound connections close)
     release_workers();
     tasks.close();
     tasks.cancel();
@@ -494,5 +494,16 @@ Task<Result<std::shared_ptr<RpcAgent>>> create_for_backend(BackendInitArgs args)
     return true;
 }();
 }  // namespace
+
+Task<void> accept_when_ready(std::shared_ptr<AgentCore> core, std::size_t i) {
+    // Peers are admitted against the roster, which start() reads after listening; a peer that is
+    // faster waits in the listen backlog until then (within its handshake timeout).
+    while (!core->roster_read && core->state == AgentCore::State::starting) {
+        auto ec = co_await core->roster_known.wait();
+        (void)ec;  // set() is the signal (also when closing)
+    }
+    if (core->state == AgentCore::State::closed) co_return;
+    co_await core->endpoint.accept_loop(i);
+}
 
 }  // namespace tensorplay::detail

@@ -196,8 +196,7 @@ void AgentCore::evict(Error why) {
         if (p.conn) p.conn->close(why);
         p.conn.reset();
     });
-    for (auto& w : inbound)
-        if (auto c = w.lock()) c->close(why);
+    endpoint.for_each_inbound([&](Connection& c) { c.close(why); });
 }
 
 // (The claim is read by value: a compare_set of the key with itself is no check, as c10d answers

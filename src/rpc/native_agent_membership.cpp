@@ -271,7 +271,7 @@ GroupMember AgentCore::self_member() const {
         d.device_maps = tp_options->device_maps;
         d.devices = tp_options->devices;
     }
-    return GroupMember{PeerRecord{self.name, self.id, transport_offers}, std::move(d)};
+    return GroupMember{PeerRecord{self.name, self.id, endpoint.offers()}, std::move(d)};
 }
 
 Result<void> AgentCore::add_membership_handlers() {
@@ -412,8 +412,9 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         if (link->connecting) link->connecting->set();
         // Its own connections to us too: a removed member (taken for dead, or left out of a join)
         // that is still alive calls nobody any more. (A leaver's stay: its update call is on one.)
-        for (auto& w : inbound)
-            if (auto c = w.lock(); c && c->peer().rank == link->info.id && c->peer().name == link->info.name) c->close(why);
+        endpoint.for_each_inbound([&](Connection& c) {
+            if (c.peer().rank == link->info.id && c.peer().name == link->info.name) c.close(why);
+        });
     }
     for (const auto& m : update.members) {
         if (peers.at(m.record.rank)) continue;

@@ -6,6 +6,7 @@
 #include "core/asio_compat.hpp"
 #include "store/store_util.hpp"
 
+#include <asio/error.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <type_traits>
 #include <unordered_map>
 
@@ -290,6 +292,18 @@ namespace {
 
 using State = FileStore::State;
 
+/// Waits `d` on the awaiting coroutine's executor; false when the wait was cancelled.
+Task<bool> pause_for(Duration d) {
+    asio::steady_timer t(co_await asio::this_coro::executor, d);
+    auto [ec] = co_await t.async_wait(detail::use_nothrow);
+    co_return !ec;
+}
+
+/// A cancellation that comes while a coroutine is between two awaits makes Asio throw
+/// operation_aborted from its next co_await of an awaitable: the waits below catch it around each
+/// such co_await, so that the operation ends with Errc::cancelled, never an exception.
+bool aborted(const std::system_error& e) noexcept { return e.code() == asio::error::operation_aborted; }
+
 // Runs `fn(state, file_size)` under the in-process mutex and a flock of the file (exclusive for
 // writers), after replaying the log. The flock is tried without blocking; while another process
 // holds it the coroutine sleeps on a timer, up to the store's timeout.
@@ -321,9 +335,13 @@ auto locked(std::shared_ptr<State> s, bool exclusive, Duration limit, F fn)
         }
         if (Clock::now() >= deadline)
             co_return fail(Errc::timeout, "FileStore: " + s->path + " stayed locked by another process");
-        asio::steady_timer t(co_await asio::this_coro::executor, backoff);
-        auto [ec] = co_await t.async_wait(detail::use_nothrow);
-        if (ec) co_return fail(Errc::cancelled, "FileStore: waiting for the lock on " + s->path + " was cancelled");
+        bool waited = false;
+        try {
+            waited = co_await pause_for(backoff);
+        } catch (const std::system_error& e) {
+            if (!aborted(e)) throw;
+        }
+        if (!waited) co_return fail(Errc::cancelled, "FileStore: waiting for the lock on " + s->path + " was cancelled");
         backoff = std::min<Duration>(backoff * 2, std::chrono::milliseconds(20));
     }
 }
@@ -351,21 +369,29 @@ Task<Result<T>> poll_until(std::shared_ptr<State> s, std::vector<std::string> ke
     auto interval = s->options.poll_min;
     for (;;) {
         std::vector<std::string> missing;
-        auto r = co_await locked(s, false, timeout, [&](State& st, std::uint64_t) -> Result<T> {
-            for (const auto& k : keys)
-                if (!st.data.count(k)) missing.push_back(k);
-            if (!missing.empty()) return fail(Errc::not_found, "");
-            return read(st);
-        });
+        Result<T> r = fail(Errc::cancelled, what + " of keys " + detail::describe_keys(keys) + " was cancelled");
+        try {
+            r = co_await locked(s, false, timeout, [&](State& st, std::uint64_t) -> Result<T> {
+                for (const auto& k : keys)
+                    if (!st.data.count(k)) missing.push_back(k);
+                if (!missing.empty()) return fail(Errc::not_found, "");
+                return read(st);
+            });
+        } catch (const std::system_error& e) {
+            if (!aborted(e)) throw;
+        }
         if (r || r.error().code() != Errc::not_found) co_return r;
         const auto now = Clock::now();
         if (now >= deadline) co_return fail(detail::wait_timeout_error(what, missing, timeout));
         auto sleep = interval;
         if (deadline != Clock::time_point::max()) sleep = std::min<Duration>(sleep, deadline - now);
-        asio::steady_timer t(co_await asio::this_coro::executor, sleep);
-        auto [ec] = co_await t.async_wait(detail::use_nothrow);
-        if (ec)
-            co_return fail(Errc::cancelled, what + " of keys " + detail::describe_keys(missing) + " was cancelled");
+        bool waited = false;
+        try {
+            waited = co_await pause_for(sleep);
+        } catch (const std::system_error& e) {
+            if (!aborted(e)) throw;
+        }
+        if (!waited) co_return fail(Errc::cancelled, what + " of keys " + detail::describe_keys(missing) + " was cancelled");
         interval = std::min(interval * 2, s->options.poll_max);
     }
 }
