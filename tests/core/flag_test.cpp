@@ -17,7 +17,7 @@
 #include <vector>
 
 // This file's own names: each layer's tests are compiled together (tests/meson.build).
-namespace tp_event_test {
+namespace tp_flag_test {
 
 using namespace tensorplay;
 using namespace std::chrono_literals;
@@ -218,4 +218,4 @@ TEST_CASE("RemoteSignal: a waiter parked when its event loop is destroyed goes w
     std::thread([late] { late.notify(); }).join();
 }
 
-}  // namespace tp_event_test
+}  // namespace tp_flag_test
