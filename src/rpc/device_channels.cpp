@@ -64,6 +64,7 @@ DeviceChannels::~DeviceChannels() {
 Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, const std::vector<Device>& outbox_devices,
                                                                const std::vector<std::string>& channels, std::size_t outbox_bytes) {
     auto dc = std::make_unique<DeviceChannels>(std::move(spawn));
+    dc->outbox_bytes_ = outbox_bytes;
     const bool want_ipc = std::find(channels.begin(), channels.end(), "cuda_ipc") != channels.end();
     const bool want_basic = std::find(channels.begin(), channels.end(), "cuda_basic") != channels.end();
     if (!want_ipc && !want_basic) return dc;
@@ -71,6 +72,7 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
     if (!backend || (*backend)->device_count() == 0) return dc;  // no cuda devices: no offers
     DeviceBackend& b = **backend;
     if (want_ipc && b.name() == "cuda") {
+        // (Properties need no context. Outboxes are made at their first use and announced then.)
         IpcParams params;
         params.pid = static_cast<std::int32_t>(::getpid());
         for (int i = 0; i < b.device_count(); ++i) {
@@ -79,25 +81,8 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
             if (!props) return fail(std::move(props).error().context("reading cuda:" + std::to_string(i) + " for cuda_ipc"));
             dc->bus_ids_[i] = props->pci_bus_id;
             dc->uuids_[i] = props->uuid;
+            if (std::find(outbox_devices.begin(), outbox_devices.end(), d) != outbox_devices.end()) dc->ipc_devices_.insert(i);
             IpcDeviceParams p;
-            if (std::find(outbox_devices.begin(), outbox_devices.end(), d) != outbox_devices.end()) {
-                // A device that cannot have one (its memory taken, a fault, no IPC) loses cuda_ipc
-                // from it, not the agent: its tensors go by cuda_basic.
-                if (auto box = Outbox::create(b, d, outbox_bytes); box) {
-                    p = (*box)->params();
-                    dc->outboxes_[i] = std::move(*box);
-                    // Its pool's descriptor, for peers to take: its tensors then go with one copy.
-                    if (auto fd = b.export_pool(d); fd) {
-                        p.pool_fd = *fd;
-                        dc->pool_fds_[i] = *fd;
-                    } else {
-                        log(LogLevel::debug, "rpc", "cuda_ipc from " + d.str() + " copies through the outbox: " + fd.error().to_string());
-                    }
-                } else {
-                    log(LogLevel::warn, "rpc", "cuda_ipc is off for tensors from " + d.str() + ": " + box.error().to_string() +
-                                                   "; they go by cuda_basic");
-                }
-            }
             p.index = i;
             p.bus_id = props->pci_bus_id;
             p.uuid = props->uuid;
@@ -122,6 +107,8 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
         if (!decoded) p.bad = std::move(decoded).error();
         else if (decoded->pid == ::getpid())  // (one process's agents: its handles do not open here)
             p.bad = Error(Errc::protocol_error, "its cuda_ipc offer names this process");
+        else if (std::any_of(decoded->devices.begin(), decoded->devices.end(), [](const IpcDeviceParams& d) { return d.outbox; }))
+            p.bad = Error(Errc::protocol_error, "its cuda_ipc offer carries an outbox (they are announced before their first frame)");
         else {
             p.pid = decoded->pid;
             p.devices = std::move(decoded->devices);
@@ -156,31 +143,68 @@ Result<std::shared_ptr<ByteSink>> DeviceChannels::sink(const Connection* conn, c
     return landing;
 }
 
-// cuda_ipc for a tensor from our `source` to the peer's `target`: the pair chose it, we have an
-// outbox there, and our device reaches theirs (the same PCI device, or peer access).
-bool DeviceChannels::ipc_viable(const Connection& conn, Device source, Device target) {
-    if (!source.is_cuda() || !target.is_cuda() || !outboxes_.count(source.index)) return false;
+Outbox* DeviceChannels::outbox(int index) {
+    if (auto it = outboxes_.find(index); it != outboxes_.end()) return it->second.get();
+    if (!ipc_devices_.count(index)) return nullptr;
+    const Device d = Device::cuda(index);
+    auto b = backend_for(d);
+    auto box = b ? Outbox::create(**b, d, outbox_bytes_) : Result<std::shared_ptr<Outbox>>(fail(std::move(b).error()));
+    if (!box) {
+        // A device that cannot have one (its memory taken, held by another process, no IPC) loses
+        // cuda_ipc from it, not the agent: its tensors go by cuda_basic.
+        ipc_devices_.erase(index);
+        log(LogLevel::warn, "rpc", "cuda_ipc is off for tensors from " + d.str() + ": " + box.error().to_string() +
+                                       "; they go by cuda_basic");
+        return nullptr;
+    }
+    // Its pool's descriptor, for peers to take: its tensors then go with one copy.
+    if (auto fd = (*b)->export_pool(d); fd) pool_fds_[index] = *fd;
+    else log(LogLevel::debug, "rpc", "cuda_ipc from " + d.str() + " copies through the outbox: " + fd.error().to_string());
+    return (outboxes_[index] = std::move(*box)).get();
+}
+
+// cuda_ipc for a tensor from our `source` to the peer's `target`: the pair chose it, our device may
+// send by cuda_ipc, and it reaches theirs (the same PCI device, or peer access); then its outbox,
+// made now if it is the first, is announced to the peer before the frame that uses it.
+bool DeviceChannels::ipc_viable(Connection& conn, Device source, Device target) {
+    if (!source.is_cuda() || !target.is_cuda() || !ipc_devices_.count(source.index)) return false;
     if (ConnectionAccess::state(conn).channels.send_kind(source, target) != ChannelKind::cuda_ipc) return false;
     PeerDevices& p = peer_of(conn);
     if (p.bad) return false;
     const auto key = std::make_pair(source.index, target.index);
-    if (auto it = p.reach.find(key); it != p.reach.end()) return it->second;
-    bool ok = false;
-    if (const IpcDeviceParams* theirs = p.device(target.index)) {
-        for (const auto& [idx, bus] : bus_ids_) {
-            // (By UUID when both sides know it: MIG instances of one GPU share its bus id.)
-            const std::string& uuid = uuids_[idx];
-            if (!uuid.empty() && !theirs->uuid.empty() ? uuid != theirs->uuid : bus != theirs->bus_id) continue;
-            auto r = outboxes_.at(source.index)->backend().can_access_peer(source, Device::cuda(idx));
-            ok = r && *r;
-            break;
+    auto it = p.reach.find(key);
+    if (it == p.reach.end()) {
+        bool ok = false;
+        if (const IpcDeviceParams* theirs = p.device(target.index)) {
+            for (const auto& [idx, bus] : bus_ids_) {
+                // (By UUID when both sides know it: MIG instances of one GPU share its bus id.)
+                const std::string& uuid = uuids_[idx];
+                if (!uuid.empty() && !theirs->uuid.empty() ? uuid != theirs->uuid : bus != theirs->bus_id) continue;
+                auto b = backend_for(source);
+                auto r = b ? (*b)->can_access_peer(source, Device::cuda(idx)) : Result<bool>(false);
+                ok = r && *r;
+                break;
+            }
         }
+        if (!ok)
+            log(LogLevel::debug, "rpc", "cuda_ipc from " + source.str() + " to " + target.str() + " of worker \"" + conn.peer().name +
+                                            "\": its device is not reachable from ours (cuda_basic instead)");
+        it = p.reach.emplace(key, ok).first;
     }
-    if (!ok)
-        log(LogLevel::debug, "rpc", "cuda_ipc from " + source.str() + " to " + target.str() + " of worker \"" + conn.peer().name +
-                                        "\": its device is not reachable from ours (cuda_basic instead)");
-    p.reach[key] = ok;
-    return ok;
+    if (!it->second) return false;
+    Outbox* box = outbox(source.index);
+    if (!box) return false;
+    if (p.announced.insert(source.index).second) {
+        IpcParams params;
+        params.pid = static_cast<std::int32_t>(::getpid());
+        params.devices.push_back(box->params());
+        params.devices.back().bus_id = bus_ids_[source.index];
+        params.devices.back().uuid = uuids_[source.index];
+        if (auto fd = pool_fds_.find(source.index); fd != pool_fds_.end()) params.devices.back().pool_fd = fd->second;
+        const std::string encoded = encode_ipc_params(params);
+        send_control(conn, kIpcOutbox, Bytes(encoded.begin(), encoded.end()));
+    }
+    return true;
 }
 
 namespace {
@@ -244,7 +268,7 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
         DeviceBackend& b = *ds->backend;
         const std::size_t n = t.nbytes();
         if (ipc_viable(*conn, d, targets[i])) {
-            auto& box = outboxes_.at(d.index);
+            auto& box = outboxes_.at(d.index);  // (ipc_viable made it)
             // One copy: the peer copies out of the tensor's own memory, which the hold keeps.
             PeerDevices& peer = peer_of(*conn);
             if (n >= one_copy_min_ && pool_fds_.count(d.index) != 0 && !peer.pool_off[{d.index, targets[i].index}]) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -56,8 +57,9 @@ struct RingLanding;
 /// the outbox ranges a peer still holds are given back from wherever the connection drops its holds.
 class DeviceChannels {
 public:
-    /// `outbox_devices`: the local cuda
-    /// devices that get an outbox for cuda_ipc (when the cuda backend can export memory);
+    /// `outbox_devices`: the local cuda devices that may send by cuda_ipc (when the cuda backend can
+    /// export memory): each gets its outbox at the first tensor that goes by it, not here (an
+    /// agent makes no context on a GPU before it moves a tensor there);
     /// `channels`: the selected channel names (cuda_ipc, cuda_basic offered when listed).
     /// `spawn` starts a background coroutine of the agent's (the releases that wait for copies).
     using Spawn = std::function<void(Task<void>)>;
@@ -167,6 +169,12 @@ private:
     /// The peer's event `k` of its cuda:`source` outbox opened on `target` (once per connection).
     [[nodiscard]] Result<tensorplay::Event> peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
                                                        int source, Device target, int k);
+    /// The outbox of our cuda:`index`, made at its first use (null: that device sends no cuda_ipc,
+    /// or its outbox could not be made: then never again, with a log line).
+    [[nodiscard]] Outbox* outbox(int index);
+    /// A kIpcOutbox notice: the peer's outbox of one device it offered (protocol_error when it is not
+    /// one, names another process or a device it did not offer, or comes twice).
+    [[nodiscard]] Result<void> outbox_of_peer(const Connection& conn, std::span<const std::uint8_t> payload);
     /// A kIpcExport notice: kept until its frame lands (protocol_error past kMaxExports pending).
     [[nodiscard]] Result<void> exported_by_peer(const Connection& conn, std::span<const std::uint8_t> payload);
     /// Queues `copies` (their events seen complete); lets go of the pooled ones' imports.
@@ -196,12 +204,16 @@ private:
     [[nodiscard]] Error refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why);
     /// As refuse, for one copy only: the peer sends that pair's tensors through its outbox from then on.
     [[nodiscard]] Error refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why);
-    [[nodiscard]] bool ipc_viable(const Connection& conn, Device source, Device target);
+    /// Whether a tensor from our `source` to the peer's `target` goes by cuda_ipc; when it does, the
+    /// outbox of `source` exists and was announced on `conn`.
+    [[nodiscard]] bool ipc_viable(Connection& conn, Device source, Device target);
 
     Spawn spawn_;
     std::vector<ChannelOffer> offers_;
     std::size_t one_copy_min_;
-    std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index
+    std::size_t outbox_bytes_ = 0;
+    std::set<int> ipc_devices_;                        ///< local cuda indices that may send by cuda_ipc
+    std::map<int, std::shared_ptr<Outbox>> outboxes_;  ///< by local cuda index, once made
     std::map<int, int> pool_fds_;                      ///< by local cuda index: its exported pool (peers take it)
     std::map<const Connection*, std::unique_ptr<PeerDevices>> peers_;
     std::map<int, std::string> bus_ids_;  ///< local cuda index -> PCI bus id (cached)

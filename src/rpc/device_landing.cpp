@@ -291,6 +291,26 @@ Result<void> DeviceChannels::exported_by_peer(const Connection& conn, std::span<
     return ok();
 }
 
+Result<void> DeviceChannels::outbox_of_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
+    auto decoded = decode_ipc_params(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+    if (!decoded) return fail(std::move(decoded).error().context("a cuda_ipc outbox notice"));
+    PeerDevices& p = peer_of(conn);
+    if (p.bad) return fail(Errc::protocol_error, "the peer announces a cuda_ipc outbox, but its offer was refused: " + p.bad->message());
+    if (decoded->pid != p.pid || decoded->devices.size() != 1 || !decoded->devices[0].outbox)
+        return fail(Errc::protocol_error, "a cuda_ipc outbox notice must name the offering process and one device with its outbox");
+    IpcDeviceParams& announced = decoded->devices[0];
+    auto it = std::find_if(p.devices.begin(), p.devices.end(), [&](const IpcDeviceParams& d) { return d.index == announced.index; });
+    if (it == p.devices.end())
+        return fail(Errc::protocol_error, "the peer announces an outbox of cuda:" + std::to_string(announced.index) + ", which it did not offer");
+    if (it->outbox)
+        return fail(Errc::protocol_error, "the peer announces its outbox of cuda:" + std::to_string(announced.index) + " twice");
+    // (What identifies the device stays the offer's.)
+    announced.bus_id = std::move(it->bus_id);
+    announced.uuid = std::move(it->uuid);
+    *it = std::move(announced);
+    return ok();
+}
+
 Error DeviceChannels::refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
     Error e = std::move(why).context("one copy for cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name +
                                      "\" to " + target.str() + " is off from now on (its tensors come through the outbox)");

@@ -9,7 +9,7 @@
 namespace tensorplay::detail {
 
 namespace {
-constexpr std::uint8_t kParamsVersion = 4;  // (3: device UUIDs; 4: pool descriptors)
+constexpr std::uint8_t kParamsVersion = 5;  // (3: device UUIDs; 4: pool descriptors; 5: outboxes announced, not offered)
 constexpr std::uint32_t kMaxRing = 64;
 constexpr std::uint32_t kMaxParamDevices = 64;
 constexpr std::size_t kMaxBusId = 64;

@@ -28,9 +28,10 @@ inline constexpr std::uint32_t kOutboxRing = 4;
 inline constexpr std::size_t kOutboxChunkMax = std::size_t{16} << 20;
 
 /// One device of a cuda_ipc offer: its PCI bus id and UUID (peers find it among theirs: by UUID
-/// when both have one, which tells MIG instances of one GPU apart) and, when it has an
-/// outbox, the outbox's memory handle and size, its rings' chunk bytes and slots, and its events'
-/// handles.
+/// when both have one, which tells MIG instances of one GPU apart). An outbox is made at the first
+/// tensor that goes by it and announced to each peer before its first frame (kIpcOutbox: the same
+/// encoding, one device, with its outbox): its memory handle and size, its rings' chunk bytes and
+/// slots, its events' handles and its pool's descriptor.
 struct IpcDeviceParams {
     int index = 0;
     std::string bus_id;

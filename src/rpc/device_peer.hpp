@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -25,6 +26,7 @@ struct PeerDevices {
     std::map<std::pair<int, int>, bool> reach;                        ///< (our index, its index)
     std::map<std::pair<int, int>, Error> refused;                     ///< (its index, our index): opening failed
     std::int32_t pid = 0;                                              ///< the offering process
+    std::set<int> announced;                                           ///< our outboxes it was told of (our index)
     // One copy (PoolExport): receiving, the exports announced and not landed yet (by id), its pools
     // imported here (by its index) and the pairs whose import failed; sending, the pairs it refused
     // and the next export id.

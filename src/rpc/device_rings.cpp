@@ -28,11 +28,14 @@ Result<RingNotice> decode_ring_notice(std::span<const std::uint8_t> payload) {
     return n;
 }
 
-void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n) {
+void send_control(Connection& conn, std::string_view name, Bytes payload) {
     if (!conn.is_open()) return;
-    Bytes payload = encode_ring_notice(n);
     std::vector<Tensor> none;
     (void)send_parts(conn, FrameKind::control, 0, name, payload, none, {}, true);  // (a closed connection: nothing to tell)
+}
+
+void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n) {
+    send_control(conn, name, encode_ring_notice(n));
 }
 
 Task<void> free_after(DeviceBackend& b, tensorplay::Event copied, std::weak_ptr<Connection> conn, RingNotice n) {
@@ -72,6 +75,7 @@ Result<void> RingLanding::copy_out(std::uint32_t j) {
 Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                     std::span<const std::uint8_t> payload) {
     if (name == kIpcExport) return exported_by_peer(*conn, payload);
+    if (name == kIpcOutbox) return outbox_of_peer(*conn, payload);
     if (name != kRingReady && name != kRingFree && name != kIpcRefused)
         return fail(Errc::protocol_error, "unknown control frame \"" + std::string(name) + "\"");
     auto n = decode_ring_notice(payload);

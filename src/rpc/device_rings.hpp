@@ -36,6 +36,10 @@ inline constexpr std::string_view kIpcRefused = "cuda_ipc.refused";
 /// Chunk value of a kIpcRefused notice that refuses only one copy out of the sender's pool (its
 /// descriptor or pointers could not be imported): that pair's tensors go through the outbox instead.
 inline constexpr std::uint32_t kRefusedPoolOnly = 1;
+/// Sent before the first frame that uses an outbox of ours on this connection: that outbox's
+/// parameters (encode_ipc_params, this process, the one device, with its outbox). Outboxes are
+/// made lazily, at the first tensor that goes by one, so they are not in the offer.
+inline constexpr std::string_view kIpcOutbox = "cuda_ipc.outbox";
 /// Sent right before a frame with a tensor that goes with one copy (PoolExport's encoding): where
 /// in the sender's pool it lies.
 inline constexpr std::string_view kIpcExport = "cuda_ipc.export";
@@ -116,6 +120,8 @@ struct RingLanding {
 
 /// Sends the notice `name` on `conn` (nothing when it is closed).
 void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n);
+/// Sends the control frame `name` with `payload` on `conn`, flushed (nothing when it is closed).
+void send_control(Connection& conn, std::string_view name, Bytes payload);
 
 /// Waits on the host (the completion thread) until `event`, another process's, is seen complete;
 /// Errc::connection_lost once `conn` closes (a dead peer's event never completes), checked every

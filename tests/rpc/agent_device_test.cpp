@@ -3,9 +3,9 @@
 // device maps and back; a tensor with no device map is refused naming worker and device; and a hostile peer
 // that sends cuda_ipc references the agent cannot honour (no marker, a range past the outbox, an
 // offer that does not decode, a ring notice for a ring never sent, a one-copy tensor never
-// announced, export notices no frame takes) loses its own connection, while
-// the group goes on; a device whose outbox cannot be made loses cuda_ipc, not the agent. The
-// two-process tests of the device channels are cuda_rpc_test.cpp.
+// announced, an outbox offered or announced wrongly, export notices no frame takes) loses its own
+// connection, while the group goes on. The two-process tests of the device channels are
+// cuda_rpc_test.cpp.
 #include "rpc/agent_test_util.hpp"
 #include "rpc/cuda_test_util.hpp"
 
@@ -74,34 +74,6 @@ Result<void> send_ref(Connection& c, std::uint64_t ref, std::size_t n = 4096) {
 }
 
 }  // namespace
-
-TEST_CASE("a device whose cuda_ipc outbox cannot be made loses cuda_ipc, not the agent", "[rpc][agent][device]") {
-    if (cuda_device_count() < 2 || !test::fake().present) {
-        WARN("fewer than two cuda devices (the fake runtime was not loaded): skipped");
-        return;
-    }
-    test::fake().set_mem_limit(1, std::size_t{1} << 20);  // (an outbox takes 256 MiB)
-    std::mutex mutex;
-    std::vector<std::string> warnings;
-    set_log_sink([&](LogLevel level, std::string_view, std::string_view message) {
-        std::lock_guard lock(mutex);
-        if (level >= LogLevel::warn) warnings.emplace_back(message);
-    });
-    test::run_with_deadline(30s, []() -> Task<void> {
-        auto g = co_await test::make_group(2, [](int, TensorPipeRpcBackendOptions& o) {
-            o.devices = {Device::cuda(0), Device::cuda(1)};
-        });
-        test::register_echo(g);
-        co_await calls_work(g);
-        auto down = co_await test::shutdown_all(g);
-        for (auto& d : down) CHECK(d);
-    });
-    set_log_sink({});
-    test::fake().set_mem_limit(1, std::size_t{4} << 30);
-    const bool said = std::any_of(warnings.begin(), warnings.end(),
-                                  [](const std::string& w) { return w.find("cuda_ipc is off for tensors from cuda:1") != std::string::npos; });
-    CHECK(said);  // (before: init failed, "setting up cuda_ipc on cuda:1")
-}
 
 TEST_CASE("a cuda tensor without a device map to the callee is refused, naming the worker and the device", "[rpc][agent][device]") {
     if (cuda_device_count() < 1) {
@@ -185,48 +157,85 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
     test::run_with_deadline(30s, []() -> Task<void> {
         auto g = co_await test::make_group(2, [](int, TensorPipeRpcBackendOptions& o) { o.devices = {Device::cuda(0)}; });
         test::register_echo(g);
-        // An offer with one device whose outbox has 1 MiB, rings of 4 64 KiB chunks and one event.
+        // An offer of one device, and the notice that announces its outbox: 1 MiB, rings of 4 64 KiB
+        // chunks, one event.
         detail::IpcDeviceParams dev;
         dev.index = 0;
         dev.bus_id = "0000:00:00.0";
+        detail::IpcParams params;
+        params.pid = ::getpid() + 1;  // (another process's offer: one naming this process is refused too)
+        params.devices = {dev};
+        const std::string offer = detail::encode_ipc_params(params);
+        params.pid = ::getpid();
+        const std::string own_offer = detail::encode_ipc_params(params);
+        params.pid = ::getpid() + 1;
         dev.outbox = true;
         dev.size = 1 << 20;
         dev.chunk = 64 << 10;
         dev.ring = 4;
         dev.events.resize(1);
-        detail::IpcParams params;
-        params.pid = ::getpid() + 1;  // (another process's offer: one naming this process is refused too)
         params.devices = {dev};
-        const std::string good_params = detail::encode_ipc_params(params);
-        params.pid = ::getpid();
-        const std::string own_params = detail::encode_ipc_params(params);
-        dev.ring = 1;  // (a ring must have 2 slots or more)
-        params.devices = {dev};
+        const std::string outbox = detail::encode_ipc_params(params);  // (in an offer: version 4's way, refused)
+        params.pid = ::getpid() + 2;
+        const std::string other_process = detail::encode_ipc_params(params);
         params.pid = ::getpid() + 1;
+        params.devices[0].index = 1;
+        const std::string not_offered = detail::encode_ipc_params(params);
+        params.devices[0].index = 0;
+        params.devices[0].ring = 1;  // (a ring must have 2 slots or more)
         const std::string bad_ring = detail::encode_ipc_params(params);
         struct Case {
             const char* what;
-            std::string params;
+            std::string offer;
+            std::vector<std::string> notices;  ///< kIpcOutbox notices sent before the reference
             std::uint64_t ref;
             std::size_t bytes = 4096;
         };
         const std::size_t big = (std::size_t{256} << 10) + 1;  // (over a ring: its chunks come through one)
         const std::vector<Case> cases{
-            {"a reference without its marker", good_params, std::uint64_t{4096} << 16},
-            {"a range past the outbox", good_params, detail::encode_ipc_ref(std::size_t{1} << 20, 0, false)},
-            {"an event the offer does not have", good_params, detail::encode_ipc_ref(0, 3, false)},
-            {"an offer that does not decode", std::string("\x07garbage", 8), detail::encode_ipc_ref(0, 0, false)},
-            {"an offer that names the receiving process", own_params, detail::encode_ipc_ref(0, 0, false)},
-            {"an offer whose rings have one slot", bad_ring, detail::encode_ipc_ref(0, 0, true), big},
-            {"a ring past the outbox", good_params, detail::encode_ipc_ref(std::size_t{800} << 10, 0, true), big},
-            {"a tensor in a ring that it fits whole", good_params, detail::encode_ipc_ref(0, 0, true)},
-            {"a one-copy reference whose export was never announced", good_params, detail::encode_pool_ref(7, 0)},
+            {"a reference without its marker", offer, {outbox}, std::uint64_t{4096} << 16},
+            {"a range past the outbox", offer, {outbox}, detail::encode_ipc_ref(std::size_t{1} << 20, 0, false)},
+            {"an event the outbox does not have", offer, {outbox}, detail::encode_ipc_ref(0, 3, false)},
+            {"an offer that does not decode", std::string("\x07garbage", 8), {}, detail::encode_ipc_ref(0, 0, false)},
+            {"an offer that names the receiving process", own_offer, {}, detail::encode_ipc_ref(0, 0, false)},
+            {"an offer that carries an outbox", outbox, {}, detail::encode_ipc_ref(0, 0, false)},
+            {"a reference into an outbox never announced", offer, {}, detail::encode_ipc_ref(0, 0, false)},
+            {"an outbox announced twice", offer, {outbox, outbox}, detail::encode_ipc_ref(0, 0, false)},
+            {"an outbox of a device not offered", offer, {not_offered}, detail::encode_ipc_ref(0, 0, false)},
+            {"an outbox of another process", offer, {other_process}, detail::encode_ipc_ref(0, 0, false)},
+            {"an outbox whose rings have one slot", offer, {bad_ring}, detail::encode_ipc_ref(0, 0, true), big},
+            {"a ring past the outbox", offer, {outbox}, detail::encode_ipc_ref(std::size_t{800} << 10, 0, true), big},
+            {"a tensor in a ring that it fits whole", offer, {outbox}, detail::encode_ipc_ref(0, 0, true)},
+            {"a one-copy reference whose export was never announced", offer, {outbox}, detail::encode_pool_ref(7, 0)},
         };
+        {
+            // (The control: a good offer and outbox notice leave the connection serving.)
+            auto conn = co_await impostor(g[0]->listen_address(), offer);
+            REQUIRE(conn);
+            Bytes payload(outbox.begin(), outbox.end());
+            std::vector<Tensor> none;
+            REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, false));
+            Frame f;
+            f.id = 1;
+            f.name = "echo";
+            f.payload = bytes("announced");
+            REQUIRE((*conn)->send(std::move(f), true));
+            auto reply = co_await (*conn)->receive();
+            REQUIRE(reply);
+            CHECK(reply->kind == FrameKind::response);
+            CHECK(reply->payload == bytes("announced"));
+            CHECK((*conn)->is_open());
+        }
         for (const auto& c : cases) {
             INFO(c.what);
-            auto conn = co_await impostor(g[0]->listen_address(), c.params);
+            auto conn = co_await impostor(g[0]->listen_address(), c.offer);
             REQUIRE(conn);
             REQUIRE((*conn)->negotiated().channels.size() >= 1);
+            for (const auto& n : c.notices) {
+                Bytes payload(n.begin(), n.end());
+                std::vector<Tensor> none;
+                REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, false));
+            }
             REQUIRE(send_ref(**conn, c.ref, c.bytes));
             co_await closed_alone(**conn, g);
         }
@@ -263,7 +272,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
         // Export notices that no frame takes: the same id twice, and more than the receiver keeps.
         for (const std::size_t count : {std::size_t{2}, std::size_t{4097}}) {
             INFO(count << " export notices");
-            auto conn = co_await impostor(g[0]->listen_address(), good_params);
+            auto conn = co_await impostor(g[0]->listen_address(), offer);
             REQUIRE(conn);
             for (std::size_t i = 0; i < count; ++i) {
                 Bytes payload = detail::encode_pool_export(detail::PoolExport{count == 2 ? 1 : i, 0, 0, {}});

@@ -10,6 +10,7 @@
 #include "rpc/forked.hpp"
 #include "support/catch_runner.hpp"
 
+#include <tensorplay/core/log.hpp>
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
@@ -20,11 +21,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 
 using namespace tensorplay;
@@ -39,7 +42,7 @@ namespace {
 
 enum class Scenario {
     routing, ordering, load, dropped, peer_death, sender_death, ipc_denied, pool_denied, teardown, exclusive, exclusive_held, mig,
-    in_place
+    in_place, no_outbox
 };
 
 struct Child {
@@ -496,6 +499,54 @@ Task<int> mig_rounds(detail::NativeAgent& a, const Child& c) {
     co_return 0;
 }
 
+// Issue 34, item 1: outboxes are made at the first tensor that goes by one, not when the agent
+// starts. The caller's cuda:1 has too little memory left for one: that device loses cuda_ipc with a
+// log line at its first tensor (which is staged, as are the later ones), cuda:0's tensors still go
+// by cuda_ipc, and the agent goes on.
+struct Warnings {
+    std::mutex mutex;
+    std::vector<std::string> lines;
+};
+/// The warnings logged in this process (no_outbox's worker collects them).
+Warnings& warnings() {
+    static Warnings w;
+    return w;
+}
+
+Task<int> no_outbox(detail::NativeAgent& a, const Child& c) {
+    if (c.devices < 2) co_return 77;
+    const std::string to = "worker1", handler = "echo";
+    for (int round = 0; round < 2; ++round) {
+        for (int d = 1; d >= 0; --d) {
+            const std::size_t n = 4096;
+            auto m = tensor_message(Device::cuda(d), n, 40 + d, "lazy");
+            if (!m) co_return 141;
+            auto r = co_await a.rpc_async(to, handler, std::move(*m), 20);
+            if (!r || r->tensors.size() != 1) {
+                std::fprintf(stderr, "no_outbox: %s\n", r ? "the reply has other tensors" : r.error().to_string().c_str());
+                co_return 142;
+            }
+            if (co_await read_back(r->tensors[0], stream_of(*r, r->tensors[0].device())) != pattern(n, 40 + d)) co_return 143;
+        }
+    }
+    if (c.channel == "cuda_basic") co_return 0;
+    const auto st = a.device_stats();
+    if (st.ipc_sent != 2 || st.staged_sent != 2) {
+        std::fprintf(stderr, "no_outbox: %llu by cuda_ipc, %llu staged (2 and 2 expected)\n",
+                     static_cast<unsigned long long>(st.ipc_sent), static_cast<unsigned long long>(st.staged_sent));
+        co_return 144;
+    }
+    std::lock_guard lock(warnings().mutex);
+    const auto said = std::count_if(warnings().lines.begin(), warnings().lines.end(), [](const std::string& w) {
+        return w.find("cuda_ipc is off for tensors from cuda:1") != std::string::npos;
+    });
+    if (said != 1) {
+        std::fprintf(stderr, "no_outbox: the log said %ld times that cuda:1 lost cuda_ipc\n", static_cast<long>(said));
+        co_return 145;
+    }
+    co_return 0;
+}
+
 bool is_exclusive(Scenario s) { return s == Scenario::exclusive || s == Scenario::exclusive_held; }
 
 // Issue 34, item 1: every GPU in EXCLUSIVE_PROCESS mode (FAKE_CUDA_EXCLUSIVE), each worker naming
@@ -661,7 +712,16 @@ Task<int> worker(Child c) {
     // A 16 MiB outbox has rings of 4 chunks of 1 MiB: tensors over 4 MiB go through one.
     if (channel == "cuda_ipc" && c.scenario != Scenario::load)
         ::setenv("TP_CUDA_IPC_OUTBOX_BYTES", "16777216", 1);
-    if ((is_exclusive(c.scenario) || c.scenario == Scenario::mig) && (!test::fake().present || c.devices < 2)) co_return 77;
+    if ((is_exclusive(c.scenario) || c.scenario == Scenario::mig || c.scenario == Scenario::no_outbox) &&
+        (!test::fake().present || c.devices < 2))
+        co_return 77;
+    if (c.scenario == Scenario::no_outbox && c.rank == 0) {
+        test::fake().set_mem_limit(1, std::size_t{1} << 20);  // (an outbox takes 16 MiB here)
+        set_log_sink([](LogLevel level, std::string_view, std::string_view message) {
+            std::lock_guard lock(warnings().mutex);
+            if (level >= LogLevel::warn) warnings().lines.emplace_back(message);
+        });
+    }
     auto args = test::init_args(st, c.rank, 2, [&c, &channel](int rank, TensorPipeRpcBackendOptions& o) {
         o.channels = std::vector<std::string>{"basic", channel};
         o.rpc_timeout = 30;
@@ -720,6 +780,7 @@ Task<int> worker(Child c) {
     case Scenario::exclusive: code = co_await exclusive_calls(a, false); break;
     case Scenario::mig: code = co_await mig_rounds(a, c); break;
     case Scenario::exclusive_held: code = co_await exclusive_calls(a, true); break;
+    case Scenario::no_outbox: code = co_await no_outbox(a, c); break;
     case Scenario::sender_death: case Scenario::teardown: break;  // (run above)
     case Scenario::peer_death: {
         auto t = peer_death(a, c);
@@ -832,6 +893,11 @@ TEST_CASE("on EXCLUSIVE_PROCESS GPUs each worker touches only its own; one whose
           "[rpc][cuda][multiprocess][fake]") {
     expect_clean(Scenario::exclusive);
     expect_clean(Scenario::exclusive_held);
+}
+
+TEST_CASE("a device whose cuda_ipc outbox cannot be made at its first tensor loses cuda_ipc, not the agent",
+          "[rpc][cuda][multiprocess][fake]") {
+    expect_clean(Scenario::no_outbox);
 }
 
 TEST_CASE("between MIG instances of one GPU tensors are staged from the first message on", "[rpc][cuda][multiprocess][fake]") {
