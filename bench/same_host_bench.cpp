@@ -3,7 +3,7 @@
 // plain process_vm_readv. Prints one JSON object. Usage: same_host_bench [--pin cross|same] [--iters N]
 #include "same_host_baselines.hpp"
 
-#include "transport/cma.hpp"
+#include "transport/channels/cma/cma.hpp"
 #include "transport/shm/shm_connection.hpp"
 
 #include <asio/co_spawn.hpp>

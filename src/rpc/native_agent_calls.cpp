@@ -387,7 +387,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     co_return fail(std::move(err));
 }
 
-// Device tensors: ordered after their streams, staged or put in the outbox (device_channels.cpp),
+// Device tensors: ordered after their streams, staged or put in the outbox (transport/channels/device_channels.cpp),
 // then the common path with them. The time this takes is charged to the call's timeout.
 Task<Result<Message>> AgentCore::call_device(std::string to, std::string handler, Message message, double timeout_sec) {
     auto keep = shared_from_this();

@@ -560,6 +560,12 @@ void detail::set_short_reads(Connection& c, bool short_reads) {
 
 void detail::set_output_bounds(Connection& c, OutputBounds bounds) { ConnectionAccess::state(c).out_bounds = bounds; }
 
+detail::ChannelKind detail::send_channel(const Connection& c, Device source, Device target) noexcept {
+    return ConnectionAccess::state(c).channels.send_kind(source, target);
+}
+
+int detail::cma_peer_pid(const Connection& c) noexcept { return ConnectionAccess::state(c).channels.peer_pid(); }
+
 bool detail::input_pending(const Connection& c) noexcept {
     const auto& s = ConnectionAccess::state(c);
     return s.rend > s.rbeg;

@@ -5,6 +5,7 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/channels/channel_kind.hpp"
 #include "transport/transport.hpp"
 
 #include <cstdint>
@@ -99,7 +100,7 @@ using SinkAllocator = std::function<Result<std::shared_ptr<ByteSink>>(const Tens
 /// Sets `c`'s sink allocator (asked first, for each tensor whose bytes are on the stream).
 void set_sink_allocator(Connection& c, SinkAllocator allocator);
 
-/// What a device channel adds to a frame it prepared (src/rpc/device_channels.hpp).
+/// What a device channel adds to a frame it prepared (channels/device_channels.hpp).
 struct DeviceParts {
     /// Per tensor the device it was sent from, when not its own (a staged host copy of a device
     /// tensor); missing entries: its own.
@@ -146,6 +147,13 @@ struct OutputBounds {
     std::size_t held = 0;
 };
 void set_output_bounds(Connection& c, OutputBounds bounds);
+
+/// The channel the handshake chose for a tensor this side sends from `source` to the peer's `target`.
+[[nodiscard]] ChannelKind send_channel(const Connection& c, Device source, Device target) noexcept;
+
+/// The peer's pid as cma proved it (the process at the other end of the socket, which we read and
+/// which reads us), or -1 without cma.
+[[nodiscard]] int cma_peer_pid(const Connection& c) noexcept;
 
 /// True when bytes of further frames are already buffered (receive() will not wait for them).
 [[nodiscard]] bool input_pending(const Connection& c) noexcept;

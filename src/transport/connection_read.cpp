@@ -2,7 +2,6 @@
 // reads tensor bytes straight into their storage (receive; the dispatch to a sink is in
 // connection_dispatch.cpp).
 #include "transport/connection_state.hpp"
-#include "transport/cma_offload.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/runtime.hpp>
@@ -384,24 +383,23 @@ Task<Result<Frame>> ConnectionState::read_general() {
                                     "control frame from " + who() +
                                         (meta->name.empty() ? " has an empty name but is not a release" : " carries tensors"),
                                     peer.name)));
-    // A tensor by reference must be of a pair whose channel is cma (we hold the peer's pid then)
-    // or cuda_ipc (the agent's device channel resolves it); one frame holds one kind.
-    bool by_cma = false, by_device = false;
+    // A tensor by reference goes to its pair's channel, which must be one that sends by reference
+    // (cma, cuda_ipc); one frame holds one such channel's (its hold is that channel's).
+    ReferenceChannel* by_ref = nullptr;
     for (std::size_t i = 0; i < meta->remote.size(); ++i) {
         if (meta->remote[i] == 0) continue;
-        const ChannelKind k = channels.receive_kind(meta->tensors[i].source, meta->tensors[i].target);
-        const bool cma_ok = k == ChannelKind::cma && channels.peer_pid() > 0;
-        if (!cma_ok && k != ChannelKind::cuda_ipc)
+        const auto& d = meta->tensors[i];
+        ReferenceChannel* ch = channels.by_reference(channels.receive_kind(d.source, d.target));
+        if (!ch)
             co_return fail(broken(Error(Errc::protocol_error,
-                                        "frame from " + who() + " sends tensor " + std::to_string(i) + " from " +
-                                            meta->tensors[i].source.str() + " to " + meta->tensors[i].target.str() +
-                                            " by reference, but that pair chose neither cma nor cuda_ipc",
+                                        "frame from " + who() + " sends tensor " + std::to_string(i) + " from " + d.source.str() +
+                                            " to " + d.target.str() + " by reference, but that pair chose no channel that does",
                                         peer.name)));
-        (cma_ok ? by_cma : by_device) = true;
+        if (by_ref && ch != by_ref)
+            co_return fail(broken(Error(Errc::protocol_error,
+                                        "frame from " + who() + " sends tensors by reference over two channels", peer.name)));
+        by_ref = ch;
     }
-    if (by_cma && by_device)
-        co_return fail(broken(Error(Errc::protocol_error,
-                                    "frame from " + who() + " sends tensors by reference over both cma and cuda_ipc", peer.name)));
     {
         std::uint64_t total = h->payload_len;  // (each is bounded by its own limit: no overflow)
         for (const auto& d : meta->tensors) total += d.nbytes;
@@ -421,96 +419,74 @@ Task<Result<Frame>> ConnectionState::read_general() {
     f.tensors.reserve(meta->tensors.size());
     f.targets.reserve(meta->tensors.size());
     for (const auto& d : meta->tensors) f.targets.push_back(d.target);
-    if (by_device) f.device_hold = meta->hold;
     for (std::size_t i = 0; i < meta->tensors.size(); ++i) {
         const TensorDesc& desc = meta->tensors[i];
-        // Bytes by reference (cma, cuda_ipc) are not on the stream: nothing to skip.
-        const std::uint64_t remote = i < meta->remote.size() ? meta->remote[i] : 0;
-        const std::size_t on_stream = remote != 0 ? 0 : desc.nbytes;
-        if (remote != 0 && by_device) {
-            // The agent's device channel copies it (and releases the hold when its copies ran).
-            f.device_refs.push_back(DeviceRef{i, desc, remote});
-            f.tensors.emplace_back();
+        if (const std::uint64_t remote = i < meta->remote.size() ? meta->remote[i] : 0; remote != 0) {
+            // Its bytes are not on the stream: its channel receives it.
+            if (auto r = co_await by_ref->receive(*this, f, i, desc, remote, guard.held); !r) co_return fail(broken(std::move(r).error()));
             continue;
         }
         // Once one part of the frame is refused, the rest is read and dropped: the frame is
         // answered with that error.
         if (f.alloc_error) {
-            if (auto r = co_await skip(on_stream); !r) co_return fail(r.error());
+            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
             continue;
         }
-        Result<Tensor> t;
-        std::shared_ptr<ByteSink> sink;
         bool taken = false;
-        if (limits.budget && desc.nbytes > 0 && !(taken = limits.budget->try_take(desc.nbytes))) {
-            t = fail(budget_error(*this, desc.nbytes, "a tensor"));
-        } else if (auto sk = remote == 0 && sink_allocator ? sink_allocator(desc) : Result<std::shared_ptr<ByteSink>>(nullptr); !sk) {
-            t = fail(std::move(sk).error());
-        } else if (*sk) {
-            sink = std::move(*sk);
-        } else {
-            t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
-        }
-        if (sink) {
-            // Its bytes go to the sink as they are read; the tensor is what it makes of them.
-            std::optional<Error> refused;
-            auto r = co_await read_sunk(*sink, desc.nbytes, refused);
-            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
-            if (!r) co_return fail(r.error());
-            if (!refused) {
-                t = sink->finish();
-                if (t && t->nbytes() != desc.nbytes) t = fail(Errc::internal, "a tensor sink made a tensor of the wrong size");
-            }
-            if (refused || !t) {
-                if (!f.alloc_error) f.alloc_error = refused ? std::move(*refused) : std::move(t).error();
+        if (limits.budget && desc.nbytes > 0) {
+            if (!limits.budget->try_take(desc.nbytes)) {
+                f.alloc_error = budget_error(*this, desc.nbytes, "a tensor");
+                if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
                 continue;
             }
-            f.tensors.push_back(std::move(*t));
+            taken = true;
+        }
+        auto sink = sink_allocator ? sink_allocator(desc) : Result<std::shared_ptr<ByteSink>>(nullptr);
+        if (sink && *sink) {
+            // Its bytes go to the sink as they are read; the tensor is what it makes of them.
+            std::optional<Error> refused;
+            auto r = co_await read_sunk(**sink, desc.nbytes, refused);
+            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
+            if (!r) co_return fail(r.error());
+            Result<Tensor> t = refused ? Result<Tensor>(fail(std::move(*refused))) : (*sink)->finish();
+            if (t && t->nbytes() != desc.nbytes) t = fail(Errc::internal, "a tensor sink made a tensor of the wrong size");
+            if (!t) f.alloc_error = std::move(t).error();
+            else f.tensors.push_back(std::move(*t));
             continue;
         }
-        if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
-            t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
+        Result<Tensor> t = sink ? allocate(desc) : fail(std::move(sink).error());
         if (taken) {
             if (t) guard.held += desc.nbytes;
             else limits.budget->give_back(desc.nbytes);
         }
         if (!t) {
-            if (!f.alloc_error) f.alloc_error = std::move(t).error();
-            if (auto r = co_await skip(on_stream); !r) co_return fail(r.error());
+            f.alloc_error = std::move(t).error();
+            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
             continue;
         }
-        if (remote != 0) {
-            // cma: straight from the sender's memory into the destination (a CPU tensor: the pair
-            // is cpu -> cpu). A failure (the peer's memory or process went away) fails this frame
-            // only: the stream is intact, and the release below tells the sender to drop it.
-            Result<void> r;
-            if (desc.nbytes >= cma::kCmaOffloadBytes) r = co_await cma::read_off_loop(channels.peer_pid(), remote, *t);
-            else r = cma::read(channels.peer_pid(), remote, desc.nbytes, t->data());
-            if (!r) {
-                f.alloc_error = std::move(r).error().context("reading tensor " + std::to_string(i) + " from " + who() + " by cma")
-                                    .on_worker(peer.name);
-                continue;
-            }
-            ++stats.cma_received;
-        } else if (auto r = co_await read_into(t->data(), desc.nbytes); !r) {
-            co_return fail(r.error());
-        }
+        if (auto r = co_await read_into(t->data(), desc.nbytes); !r) co_return fail(r.error());
         f.tensors.push_back(std::move(*t));
     }
-    if (meta->hold != 0 && by_cma) {
-        if (!f.alloc_error && !cma::lease_held(channels.peer_pid(), channels.peer_lease_table(), meta->hold)) {
-            // The sender let go of the tensors while we read them (it closed the connection): what
-            // we read may be memory it freed or reused. The frame fails; there is nothing to release.
-            f.tensors.clear();
-            f.alloc_error = Error(Errc::connection_lost,
-                                  "frame from " + who() + ": the sender let go of its tensors while we read them by cma (its connection closed)",
-                                  peer.name);
-        } else {
-            send_release(meta->hold);
-        }
-    }
+    if (by_ref) by_ref->received(*this, f, meta->hold);
     ++stats.frames_received;
     co_return f;
+}
+
+Result<Tensor> ConnectionState::allocate(const TensorDesc& desc) {
+    Result<Tensor> t = allocator ? allocator(desc) : fail(Errc::device_error, "no tensor allocator on this connection");
+    if (t && (t->nbytes() != desc.nbytes || (desc.nbytes > 0 && t->data() == nullptr)))
+        t = fail(Errc::internal, "the allocator returned a tensor of the wrong size");
+    return t;
+}
+
+Result<Tensor> ConnectionState::take_tensor(const TensorDesc& desc, std::size_t& held) {
+    if (limits.budget && desc.nbytes > 0 && !limits.budget->try_take(desc.nbytes)) return fail(budget_error(*this, desc.nbytes, "a tensor"));
+    auto t = allocate(desc);
+    if (limits.budget && desc.nbytes > 0) {
+        if (t) held += desc.nbytes;
+        else limits.budget->give_back(desc.nbytes);
+    }
+    return t;
 }
 
 Task<Result<void>> ConnectionState::read_payload(Frame& f, std::size_t len, std::size_t& held) {

@@ -2,8 +2,7 @@
 // a device channel prepared) and the queue the writer takes them from (connection.cpp).
 #include <tensorplay/transport/connection.hpp>
 
-#include <tensorplay/device/backend.hpp>
-
+#include "transport/channels/basic/basic.hpp"
 #include "transport/connection_state.hpp"
 
 #include <algorithm>
@@ -13,25 +12,6 @@ namespace tensorplay {
 Result<void> Connection::send(Frame frame, bool flush) {
     return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
 }
-
-namespace {
-/// The `basic` channel writes a tensor's bytes from the host: storage that the host cannot address
-/// (cuda memory) must go by a device channel (the agent's: staged, or by reference with `refs`).
-Result<void> basic_channel_carries(const std::vector<Tensor>& tensors, std::span<const std::uint64_t> refs,
-                                   std::span<const std::shared_ptr<detail::ByteSource>> streamed = {}) {
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        if (!tensors[i].defined() || (i < refs.size() && refs[i] != 0) || (i < streamed.size() && streamed[i])) continue;
-        const Device d = tensors[i].device();
-        if (d.type == DeviceType::cpu) continue;
-        auto backend = backend_for(d);
-        if (backend && (*backend)->host_accessible()) continue;
-        return fail(Errc::device_error, "tensor " + std::to_string(i) + " is on " + d.str() +
-                                            ", whose memory the host cannot address: a Connection writes host memory "
-                                            "only (the RPC agent's device channels stage or copy device tensors)");
-    }
-    return ok();
-}
-}  // namespace
 
 namespace {
 /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
@@ -80,7 +60,7 @@ std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameK
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const Device target = i < targets.size() ? targets[i] : tensors[i].device();
         by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes &&
-                            s.channels.by_reference(tensors[i], target)
+                            s.channels.cma_takes(tensors[i], target)
                         ? 1
                         : 0;
         if (by_ref[i]) bytes += tensors[i].nbytes();
@@ -141,7 +121,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
                                 bool flush) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
-    if (auto c = basic_channel_carries(tensors, dev.refs, dev.streamed); !c) return c;
+    if (auto c = detail::basic_carries(tensors, dev.refs, dev.streamed); !c) return c;
     for (const auto& [notice, bytes] : dev.preface) {
         Bytes body = bytes;
         std::vector<Tensor> none;
@@ -158,7 +138,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
     if (!tensors.empty())
-        if (auto c = basic_channel_carries(tensors, {}); !c) return c;
+        if (auto c = detail::basic_carries(tensors, {}); !c) return c;
     ++s.sends;
     if (s.channels.peer_pid() > 0 && !tensors.empty()) {
         if (auto by_ref = send_by_reference(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);

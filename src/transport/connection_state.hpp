@@ -8,7 +8,8 @@
 
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
-#include "transport/channel.hpp"
+#include "transport/channels/channel.hpp"
+#include "transport/channels/cma/cma_lease.hpp"
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
@@ -284,6 +285,12 @@ struct ConnectionState {
 
     /// Reads a frame with tensors, or one larger than the buffer.
     Task<Result<Frame>> read_general();
+
+    /// Memory for the tensor `desc` describes, from the allocator (checked: the size it says).
+    [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc);
+    /// allocate(), its bytes taken from the receive budget first (and counted in `held`, which the
+    /// frame gives back when it is read): for a tensor whose bytes a channel brings (cma).
+    [[nodiscard]] Result<Tensor> take_tensor(const TensorDesc& desc, std::size_t& held);
 
     /// Reads a payload of `len` bytes into `f` (growing as its bytes arrive, taking from the
     /// receive budget as it grows: `held`); a refused budget leaves f.alloc_error set and the

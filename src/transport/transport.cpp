@@ -150,7 +150,7 @@ bool channel_available(std::string_view name) noexcept {
     if (name == "cma") return true;  // (viability is decided per peer at connection setup)
 #endif
 #if TP_HAS_CUDA
-    // The agent's device channels: offered when it has cuda devices (rpc/device_channels.cpp).
+    // The agent's device channels: offered when it has cuda devices (channels/device_channels.cpp).
     if (name == "cuda_ipc" || name == "cuda_basic") return true;
 #endif
     return name == "basic";

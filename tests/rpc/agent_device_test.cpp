@@ -18,8 +18,8 @@
 #include <atomic>
 #include <mutex>
 
-#include "rpc/device_outbox.hpp"
-#include "rpc/device_rings.hpp"
+#include "transport/channels/cuda_ipc/outbox.hpp"
+#include "transport/channels/cuda_ipc/rings.hpp"
 #include "transport/connection_ext.hpp"
 #include "transport/transport.hpp"
 

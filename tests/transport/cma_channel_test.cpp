@@ -6,9 +6,11 @@
 // hold, is a protocol error.
 #include <tensorplay/transport/connection.hpp>
 
-#include "transport/channel.hpp"
+#include "transport/channels/channel.hpp"
+#include "transport/channels/cma/cma_offer.hpp"
 #include "transport/connection_ext.hpp"
-#include "transport/cma_offload.hpp"
+#include "transport/channels/cma/cma_lease.hpp"
+#include "transport/channels/cma/cma_offload.hpp"
 #include "transport/transport_test_util.hpp"
 
 #include <tensorplay/core/wire.hpp>
@@ -535,7 +537,7 @@ TEST_CASE("a peer that sends by reference without cma, or releases an unknown ho
         REQUIRE_FALSE(f);
         INFO(f.error().to_string());
         CHECK(f.error().code() == Errc::protocol_error);
-        CHECK(f.error().message().find(release ? "do not hold" : "chose neither cma nor cuda_ipc") != std::string::npos);
+        CHECK(f.error().message().find(release ? "do not hold" : "chose no channel that does") != std::string::npos);
         CHECK_FALSE(conn->is_open());
     });
 }

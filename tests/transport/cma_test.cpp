@@ -1,6 +1,6 @@
 // cma against a real forked child: viability and the probe, reads small and 64 MiB, more ranges
 // than IOV_MAX, and the child's memory going away before or during a read (a clear error, no hang).
-#include "transport/cma.hpp"
+#include "transport/channels/cma/cma.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -4,7 +4,7 @@
 // (cuda_ipc with one copy: the peer copies it out of the tensor's own memory) or copied into this
 // process's device outbox (cuda_ipc: the peer copies it out, device to device); an arriving
 // frame's device tensors are landed on fresh pool streams without any host wait. A staged tensor
-// larger than a chunk goes through a few pinned slots while the frame is written (device_staging.hpp).
+// larger than a chunk goes through a few pinned slots while the frame is written (cuda_basic/staging.hpp).
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -12,7 +12,7 @@
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/transport/connection.hpp>
 
-#include "rpc/device_rings.hpp"
+#include "transport/channels/cuda_ipc/rings.hpp"
 #include "transport/connection_ext.hpp"
 
 #include <chrono>
@@ -88,14 +88,14 @@ public:
     /// event complete: no stream of ours ever waits on another process) and names those streams in
     /// `streams`; the frame's device hold is released once the copies ran. An error fails the frame
     /// (protocol_error: a bad ref, and the connection should close). `later`: a frame with tensors
-    /// in cuda_ipc rings (device_rings.hpp), or whose peer's events were not complete yet, is taken,
+    /// in cuda_ipc rings (cuda_ipc/rings.hpp), or whose peer's events were not complete yet, is taken,
     /// and handed to `later` once every copy is queued (never, when the connection closes first).
     using Deliver = std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)>;
     enum class Landed { now, later };
     [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame,
                                       std::vector<tensorplay::Stream>& streams, Deliver later);
 
-    /// A control frame from `conn`'s peer (device_rings.hpp): a chunk of ours is free (the next
+    /// A control frame from `conn`'s peer (cuda_ipc/rings.hpp): a chunk of ours is free (the next
     /// goes into its slot), one of theirs is ready (copied out), it cannot open our outbox (we
     /// stage for it from then on), or where a tensor of its next frame lies in its pool.
     /// protocol_error: the peer is wrong (an unknown name among them), close the connection.
@@ -103,7 +103,7 @@ public:
                                       std::span<const std::uint8_t> payload);
 
     /// Receiving on `conn`, as the reader reads it: a sink that lands the staged tensor `desc`
-    /// describes on its target device chunk by chunk (device_staging.hpp), for one over a chunk
+    /// describes on its target device chunk by chunk (cuda_basic/staging.hpp), for one over a chunk
     /// on a cuda target; null otherwise. Its stream becomes the frame's stream there (land).
     [[nodiscard]] Result<std::shared_ptr<ByteSink>> sink(const Connection* conn, const TensorDesc& desc);
 
@@ -122,7 +122,7 @@ public:
     [[nodiscard]] Task<bool> quiesce(std::chrono::steady_clock::duration limit);
 
     /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
-    /// those of them staged or landed in chunks, device_staging.hpp; ring_sent, _received: those
+    /// those of them staged or landed in chunks, cuda_basic/staging.hpp; ring_sent, _received: those
     /// sent by cuda_ipc through a ring, and ring_chunks_*: their chunks that waited for a notice;
     /// event_waits: frames that waited for one of an outbox's kOutboxEvents events).
     struct Stats {

@@ -1,16 +1,14 @@
 // The agent's device channels: offers, stream ordering, staging (cuda_basic) and outboxes (cuda_ipc)
 // on the sending side; the receiving side is in device_landing.cpp.
-#include "rpc/device_channels.hpp"
+#include "transport/channels/device_channels.hpp"
 
 #include <tensorplay/core/log.hpp>
 
-#include "rpc/device_outbox.hpp"
-#include "rpc/device_peer.hpp"
-#include "rpc/device_staging.hpp"
+#include "transport/channels/cuda_ipc/outbox.hpp"
+#include "transport/channels/cuda_ipc/peer.hpp"
+#include "transport/channels/cuda_basic/staging.hpp"
 #include "core/asio_compat.hpp"
 #include "core/resume_slot.hpp"
-#include "transport/channel.hpp"
-#include "transport/connection_state.hpp"
 #include "transport/transport.hpp"
 
 #include <asio/post.hpp>
@@ -168,7 +166,7 @@ Outbox* DeviceChannels::outbox(int index) {
 // made now if it is the first, is announced to the peer before the frame that uses it.
 bool DeviceChannels::ipc_viable(Connection& conn, Device source, Device target) {
     if (!source.is_cuda() || !target.is_cuda() || !ipc_devices_.count(source.index)) return false;
-    if (ConnectionAccess::state(conn).channels.send_kind(source, target) != ChannelKind::cuda_ipc) return false;
+    if (send_channel(conn, source, target) != ChannelKind::cuda_ipc) return false;
     PeerDevices& p = peer_of(conn);
     if (p.bad) return false;
     const auto key = std::make_pair(source.index, target.index);
@@ -286,7 +284,7 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
                 }
                 // (Not memory of our pool, say a wrapped pointer: through the outbox.)
             }
-            // Larger than a ring: through one, in chunks (device_rings.hpp).
+            // Larger than a ring: through one, in chunks (cuda_ipc/rings.hpp).
             const bool ring = n > box->ring_bytes();
             const std::size_t len = ring ? box->ring_bytes() : n;
             std::optional<std::size_t> off = box->take_range(len);

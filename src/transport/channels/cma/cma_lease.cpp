@@ -1,5 +1,5 @@
 // cma leases: the process's table of lease words and its free slots.
-#include "transport/cma_lease.hpp"
+#include "transport/channels/cma/cma_lease.hpp"
 
 #include <sys/uio.h>
 

@@ -150,7 +150,7 @@ struct OutboxHold {
     };
     std::vector<Range> ranges;
     std::vector<std::pair<std::shared_ptr<Outbox>, int>> events;
-    /// The frame's chunked sends (device_channels.cpp): they end with the hold.
+    /// The frame's chunked sends (channels/device_channels.cpp): they end with the hold.
     std::vector<std::shared_ptr<void>> sends;
     /// Its tensors that go with one copy: the peer reads their memory until the release.
     std::vector<Tensor> tensors;

@@ -1,11 +1,11 @@
-// cuda_ipc's rings: chunks of a large tensor through a few slots of the outbox (device_rings.hpp).
-#include "rpc/device_rings.hpp"
+// cuda_ipc's rings: chunks of a large tensor through a few slots of the outbox (rings.hpp).
+#include "transport/channels/cuda_ipc/rings.hpp"
 
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/wire.hpp>
 
-#include "rpc/device_channels.hpp"
-#include "rpc/device_outbox.hpp"
+#include "transport/channels/device_channels.hpp"
+#include "transport/channels/cuda_ipc/outbox.hpp"
 #include "transport/connection_ext.hpp"
 
 #include <algorithm>

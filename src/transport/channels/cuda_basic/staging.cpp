@@ -1,6 +1,6 @@
 // cuda_basic's chunked staging: device-to-host copies into a few pinned slots, each handed to the
 // connection's writer once its event completed, each slot refilled once its chunk was written.
-#include "rpc/device_staging.hpp"
+#include "transport/channels/cuda_basic/staging.hpp"
 
 #include <algorithm>
 #include <deque>

@@ -1,5 +1,5 @@
 // cma: identities, the live probe and chunked process_vm_readv.
-#include "transport/cma.hpp"
+#include "transport/channels/cma/cma.hpp"
 
 #include <limits.h>
 #include <sys/prctl.h>

@@ -1,12 +1,11 @@
 // The agent's device channels, receiving: device tensors landed on fresh pool streams, copies out
 // of the peer's outbox once the host saw its event complete, refusals, and the hold's release.
-#include "rpc/device_channels.hpp"
+#include "transport/channels/device_channels.hpp"
 
 #include <tensorplay/core/log.hpp>
 
-#include "rpc/device_peer.hpp"
-#include "rpc/device_staging.hpp"
-#include "transport/connection_state.hpp"
+#include "transport/channels/cuda_ipc/peer.hpp"
+#include "transport/channels/cuda_basic/staging.hpp"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -243,7 +242,7 @@ Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& co
     auto& pool = p.pools[theirs->index];
     if (!pool) {
         // (The offer's pid is the connection's peer where cma proved which process that is.)
-        const int verified = ConnectionAccess::state(*conn).channels.peer_pid();
+        const int verified = cma_peer_pid(*conn);
         if (verified > 0 && verified != p.pid)
             return fail(Errc::protocol_error, "its cuda_ipc offer names process " + std::to_string(p.pid) +
                                                   ", but the connection's peer is process " + std::to_string(verified));

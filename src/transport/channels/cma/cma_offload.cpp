@@ -1,8 +1,8 @@
 // cma reads off the event loop: the pool, and the hand-off by a RemoteSignal.
-#include "transport/cma_offload.hpp"
+#include "transport/channels/cma/cma_offload.hpp"
 
 #include "core/flag.hpp"
-#include "transport/cma.hpp"
+#include "transport/channels/cma/cma.hpp"
 
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>

@@ -1,5 +1,5 @@
 // cma::peer_process_is: whether a claimed pid is the process at the other end of a socket.
-#include "transport/cma.hpp"
+#include "transport/channels/cma/cma.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -1,9 +1,10 @@
-// The channel seam: cma's hello parameters, its viability for a pair, and the per-connection
-// table that says which channel carries a tensor's bytes.
-#include "transport/channel.hpp"
+// cma's offer: its parameters, this process's part of the hello, and whether a pair can use it.
+#include "transport/channels/cma/cma_offer.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/wire.hpp>
+
+#include "transport/channels/cma/cma_lease.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,22 +15,13 @@ namespace tensorplay::detail {
 namespace {
 constexpr std::uint8_t kCmaParamsVersion = 2;  // 2: the lease table's address
 constexpr std::size_t kMaxIdentityField = 128;
+}  // namespace
 
-const ChannelOffer* find_cma(const HelloInfo& info) {
+const ChannelOffer* find_cma(const HelloInfo& info) noexcept {
     for (const auto& c : info.channels)
         if (c.name == "cma") return &c;
     return nullptr;
 }
-
-ChannelKind kind_named(std::string_view name) {
-    if (name == "cma") return ChannelKind::cma;
-    if (name == "cuda_ipc") return ChannelKind::cuda_ipc;
-    if (name == "cuda_basic") return ChannelKind::cuda_basic;
-    return ChannelKind::basic;
-}
-
-std::size_t type_index(std::string_view type) { return type == "cpu" ? 0 : 1; }
-}  // namespace
 
 std::string encode_cma_params(const CmaParams& p) {
     WireWriter w;
@@ -140,34 +132,6 @@ bool cma_usable(const HelloInfo& local, const HelloInfo& peer, int fd, int known
     if (auto v = cma::check_viable(them->identity, me->identity); !v) return no("it cannot read us: " + v.error().message());
     if (!cma::probe(them->probe)) return no("the live probe of its memory failed (seccomp, an LSM or a wrong probe target)");
     return true;
-}
-
-ChannelTable::ChannelTable(const Negotiated& n, bool client, const HelloInfo& peer) {
-    bool any = false;
-    for (const auto& c : n.channels) {
-        const ChannelKind k = kind_named(c.channel);
-        const std::size_t ci = type_index(c.client_device), si = type_index(c.server_device);
-        // Client to server: the client sends from its device to the server's; replies go back.
-        if (client) {
-            send_[ci][si] = k;
-            recv_[si][ci] = k;
-        } else {
-            send_[si][ci] = k;
-            recv_[ci][si] = k;
-        }
-        any = any || k == ChannelKind::cma;
-    }
-    if (!any) return;
-    const ChannelOffer* theirs = find_cma(peer);
-    auto p = theirs ? decode_cma_params(theirs->params) : Result<CmaParams>(fail(Errc::protocol_error, "no cma offer"));
-    if (p) {
-        peer_pid_ = p->identity.pid;
-        peer_lease_table_ = p->lease_table;
-        return;
-    }
-    // (The handshake checked both offers before choosing cma: not reached.)
-    send_ = {};
-    recv_ = {};
 }
 
 }  // namespace tensorplay::detail

@@ -1,5 +1,5 @@
 // cuda_ipc's outboxes and the parameters of its offer.
-#include "rpc/device_outbox.hpp"
+#include "transport/channels/cuda_ipc/outbox.hpp"
 
 #include <tensorplay/core/wire.hpp>
 

@@ -2,8 +2,8 @@
 // cuda_ipc, and the per-device stream lookup both sides use.
 #pragma once
 
-#include "rpc/device_outbox.hpp"
-#include "rpc/device_rings.hpp"
+#include "transport/channels/cuda_ipc/outbox.hpp"
+#include "transport/channels/cuda_ipc/rings.hpp"
 
 #include <map>
 #include <memory>
