@@ -1,8 +1,9 @@
-// Connection, sending: the channel seam on the sending side (inline bytes, cma holds, the frames
+// Connection, sending: which channel sends a frame's tensors (inline, cma's references, the frames
 // a device channel prepared) and the queue the writer takes them from (connection.cpp).
 #include <tensorplay/transport/connection.hpp>
 
 #include "transport/channels/basic/basic.hpp"
+#include "transport/channels/cma/cma_channel.hpp"
 #include "transport/connection_state.hpp"
 
 #include <algorithm>
@@ -13,12 +14,11 @@ Result<void> Connection::send(Frame frame, bool flush) {
     return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
 }
 
-namespace {
-/// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
-Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool flush) {
+Result<void> detail::ConnectionState::queue_frame(OutFrame out, bool flush) {
+    auto& s = *this;
     const bool was_empty = s.queue.empty();
     s.streamed_queued = s.streamed_queued || !out.sources.empty();
-    s.queue_bytes += detail::ConnectionState::out_size(out);
+    s.queue_bytes += out_size(out);
     s.queue.push_back(std::move(out));
     if (const std::size_t hard = s.out_bounds.hard;
         hard != 0 && s.queue_bytes + s.batch_bytes > hard && s.queue.size() + s.batch.size() > 1) [[unlikely]] {
@@ -39,53 +39,7 @@ Result<void> queue_frame(detail::ConnectionState& s, detail::OutFrame out, bool 
     }
     return ok();
 }
-}  // namespace
 
-namespace {
-/// The channel seam on the sending side: when some tensor's pair chose cma and it is large enough,
-/// the frame goes by reference: those tensors are held (until the peer's release or the close)
-/// and their bytes not written; the others go inline. Nothing (the caller sends as basic) when
-/// every tensor goes inline.
-std::optional<Result<void>> send_by_reference(detail::ConnectionState& s, FrameKind kind, std::uint64_t id,
-                                              std::string_view name, Bytes& payload, std::vector<Tensor>& tensors,
-                                              std::span<const Device> targets, bool flush) {
-    std::vector<std::uint8_t> by_ref(tensors.size(), 0);
-    bool any = false;
-    std::size_t bytes = 0;
-    // (Past out_bounds.held bytes the peer has not released, tensors go inline: a peer that never
-    // releases pins at most that much of our memory by reference.)
-    const std::size_t room = s.out_bounds.held == 0 ? SIZE_MAX
-                             : s.held_bytes < s.out_bounds.held ? s.out_bounds.held - s.held_bytes
-                                                                : 0;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Device target = i < targets.size() ? targets[i] : tensors[i].device();
-        by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes &&
-                            s.channels.cma_takes(tensors[i], target)
-                        ? 1
-                        : 0;
-        if (by_ref[i]) bytes += tensors[i].nbytes();
-        any = any || by_ref[i];
-    }
-    if (!any) return std::nullopt;
-    auto lease = detail::cma::Lease::acquire();
-    if (!lease) return std::nullopt;  // every lease of this process is taken: inline
-    const std::uint64_t hold = lease->id();
-    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
-    parts.hold = hold;
-    parts.by_ref = by_ref;
-    Bytes head;
-    bool inl = false;
-    if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
-        return fail(std::move(h).error().context("sending to " + s.who()));
-    std::vector<Tensor> held, written;
-    for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
-    s.stats.cma_sent += held.size();
-    s.holds.emplace(hold, detail::ConnectionState::Hold{std::move(held), {}, std::move(*lease), bytes});
-    s.held_bytes += bytes;
-    s.stats.cma_held = s.holds.size();
-    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
-}
-}  // namespace
 
 namespace {
 /// Queues a frame whose tensors a device channel prepared: staged ones inline (their sources
@@ -111,8 +65,8 @@ Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::
         out.tensors.push_back(std::move(tensors[i]));
         if (streamed) out.sources.push_back(i < dev.streamed.size() ? dev.streamed[i] : nullptr);
     }
-    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, dev.keep, {}, 0});
-    return queue_frame(s, std::move(out), flush);
+    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, 0, dev.keep});
+    return s.queue_frame(std::move(out), flush);
 }
 }  // namespace
 
@@ -140,8 +94,8 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     if (!tensors.empty())
         if (auto c = detail::basic_carries(tensors, {}); !c) return c;
     ++s.sends;
-    if (s.channels.peer_pid() > 0 && !tensors.empty()) {
-        if (auto by_ref = send_by_reference(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
+    if (auto* cma = s.channels.cma(); cma && !tensors.empty()) {
+        if (auto by_ref = cma->send(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
     }
     const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
     bool inl = false;
@@ -155,7 +109,7 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
     Bytes head;
     if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    return queue_frame(s, detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors), {}}, flush);
+    return s.queue_frame(detail::OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(tensors), {}}, flush);
 }
 
 }  // namespace tensorplay

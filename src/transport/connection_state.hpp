@@ -9,7 +9,6 @@
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "transport/channels/channel.hpp"
-#include "transport/channels/cma/cma_lease.hpp"
 #include "transport/edge_read.hpp"
 #include "transport/rearmed_read.hpp"
 #include "transport/frame.hpp"
@@ -113,14 +112,15 @@ struct ConnectionState {
     SinkAllocator sink_allocator;  ///< asked before `allocator` (set_sink_allocator)
     /// Which channel carries each tensor's bytes (set when the handshake is done).
     ChannelTable channels;
-    /// Tensors the peer reads from our memory (cma), under a lease whose id is the frame's hold.
-    /// Device channels' holds (cuda_ipc) keep `keep` (outbox ranges) instead, under ids with the
-    /// top bit set (device_holds counts them).
+    /// What a frame sent by reference keeps until the peer's release (or the close), under the
+    /// frame's hold id: cma's tensors (the peer reads them from our memory) and its lease, or a
+    /// device channel's `keep` (cuda_ipc: outbox ranges) under ids with the top bit set
+    /// (device_holds counts them).
     struct Hold {
         std::vector<Tensor> tensors;
-        std::shared_ptr<void> keep;
-        cma::Lease lease;  ///< declared last: let go (its word cleared) before the tensors go
         std::size_t bytes = 0;  ///< of `tensors` (counted in held_bytes)
+        /// Declared last: let go first (a cma lease's word is cleared before its tensors go).
+        std::shared_ptr<void> keep;
     };
     std::uint64_t device_holds = 0;
     /// Our holds by id, until the peer's release frame or the close; held_bytes their tensors'
@@ -197,12 +197,16 @@ struct ConnectionState {
         output_drained.complete_later();
         watchdog.cancel();
         tasks.cancel();
-        // Each lease is let go before its tensors: a peer still reading them sees that (cma_lease.hpp)
+        // Each lease is let go before its tensors: a peer still reading them sees that (cma/cma_lease.hpp)
         // and fails that frame instead of handing over memory we may reuse.
         holds.clear();
         held_bytes = 0;
         stats.cma_held = 0;
     }
+
+    /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
+    /// A queue over out_bounds.hard closes the connection (its error is returned).
+    Result<void> queue_frame(OutFrame out, bool flush);
 
     /// Queues a release frame for `hold` (the peer's tensors were read by cma): written with the
     /// next frame this turn sends, or by the writer.

@@ -62,6 +62,6 @@ bool ChannelTable::cma_takes(const Tensor& t, Device target) const noexcept {
     return cma_ && t.nbytes() >= kCmaMinBytes && send_kind(t.device(), target) == ChannelKind::cma;
 }
 
-int ChannelTable::peer_pid() const noexcept { return cma_ ? static_cast<const CmaChannel&>(*cma_).peer_pid() : -1; }
+int ChannelTable::peer_pid() const noexcept { return cma_ ? cma_->peer_pid() : -1; }
 
 }  // namespace tensorplay::detail

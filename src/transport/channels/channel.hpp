@@ -20,6 +20,7 @@
 namespace tensorplay::detail {
 
 struct ConnectionState;
+class CmaChannel;
 
 /// The receiving side of a channel whose tensors come by reference (their bytes are not on the
 /// stream). Used on the connection's executor, by its reader (ConnectionState::read_general).
@@ -58,11 +59,13 @@ public:
     [[nodiscard]] bool cma_takes(const Tensor& t, Device target) const noexcept;
     /// The peer's pid for cma reads (-1: no cma).
     [[nodiscard]] int peer_pid() const noexcept;
+    /// cma on this connection, or null.
+    [[nodiscard]] CmaChannel* cma() const noexcept { return cma_.get(); }
 
 private:
     static std::size_t idx(Device d) noexcept { return d.type == DeviceType::cpu ? 0 : 1; }
     std::array<std::array<ChannelKind, 2>, 2> send_{}, recv_{};
-    std::unique_ptr<ReferenceChannel> cma_;       ///< a CmaChannel, with cma
+    std::unique_ptr<CmaChannel> cma_;             ///< with cma
     std::unique_ptr<ReferenceChannel> cuda_ipc_;  ///< a DeviceReferences, with cuda_ipc
 };
 

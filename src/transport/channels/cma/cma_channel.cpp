@@ -6,7 +6,45 @@
 #include "transport/channels/cma/cma_offload.hpp"
 #include "transport/connection_state.hpp"
 
+#include <cstdint>
+#include <memory>
+
 namespace tensorplay::detail {
+
+std::optional<Result<void>> CmaChannel::send(ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
+                                             Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
+    std::vector<std::uint8_t> by_ref(tensors.size(), 0);
+    bool any = false;
+    std::size_t bytes = 0;
+    // (Past out_bounds.held bytes the peer has not released, tensors go inline: a peer that never
+    // releases pins at most that much of our memory by reference.)
+    const std::size_t room = s.out_bounds.held == 0 ? SIZE_MAX
+                             : s.held_bytes < s.out_bounds.held ? s.out_bounds.held - s.held_bytes
+                                                                : 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Device target = i < targets.size() ? targets[i] : tensors[i].device();
+        by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes && s.channels.cma_takes(tensors[i], target) ? 1 : 0;
+        if (by_ref[i]) bytes += tensors[i].nbytes();
+        any = any || by_ref[i];
+    }
+    if (!any) return std::nullopt;
+    auto lease = cma::Lease::acquire();
+    if (!lease) return std::nullopt;  // every lease of this process is taken: inline
+    const std::uint64_t hold = lease->id();
+    FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
+    parts.hold = hold;
+    parts.by_ref = by_ref;
+    Bytes head;
+    bool inl = false;
+    if (auto h = encode_frame_head(parts, s.limits, head, inl); !h) return fail(std::move(h).error().context("sending to " + s.who()));
+    std::vector<Tensor> held, written;
+    for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
+    s.stats.cma_sent += held.size();
+    s.holds.emplace(hold, ConnectionState::Hold{std::move(held), bytes, std::make_shared<cma::Lease>(std::move(*lease))});
+    s.held_bytes += bytes;
+    s.stats.cma_held = s.holds.size();
+    return s.queue_frame(OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
+}
 
 Task<Result<void>> CmaChannel::receive(ConnectionState& s, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,
                                        std::size_t& held) {

@@ -1,11 +1,16 @@
-// Private: cma's receiving side on one connection (a ReferenceChannel): a tensor the peer left in
-// its memory is read straight into ours with process_vm_readv (off the event loop when large), then
-// the frame's lease is checked in the peer's lease table and released.
+// Private: cma on one connection. Sending, a frame's large CPU tensors stay in our memory under a
+// lease, the frame carrying their addresses; receiving (a ReferenceChannel), a tensor the peer left
+// in its memory is read straight into ours with process_vm_readv (off the event loop when large),
+// then the frame's lease is checked in the peer's lease table and released.
 #pragma once
 
 #include "transport/channels/channel.hpp"
 
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
 
 namespace tensorplay::detail {
 
@@ -15,6 +20,15 @@ public:
     CmaChannel(int peer_pid, std::uint64_t lease_table) : pid_(peer_pid), lease_table_(lease_table) {}
 
     [[nodiscard]] int peer_pid() const noexcept { return pid_; }
+
+    /// Sends a frame on `s` by reference when some tensor's pair chose cma and it is large enough
+    /// (ChannelTable::cma_takes), within what the peer may hold unreleased (OutputBounds::held):
+    /// those tensors are held under a lease (until the peer's release or the close) and their bytes
+    /// not written; the others go inline. Nothing (the caller sends it inline) when every tensor
+    /// goes inline or no lease is free.
+    [[nodiscard]] std::optional<Result<void>> send(ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
+                                                   Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
+                                                   bool flush);
 
     Task<Result<void>> receive(ConnectionState& s, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,
                                std::size_t& held) override;
