@@ -265,7 +265,8 @@ Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& con
         }
         DeviceBackend& b = *ds->backend;
         const std::size_t n = t.nbytes();
-        if (ipc_viable(*conn, d, targets[i])) {
+        // (An empty tensor has no memory to refer to: it goes inline, as a staged one of 0 bytes.)
+        if (n > 0 && ipc_viable(*conn, d, targets[i])) {
             auto& box = outboxes_.at(d.index);  // (ipc_viable made it)
             // One copy: the peer copies out of the tensor's own memory, which the hold keeps.
             PeerDevices& peer = peer_of(*conn);
@@ -421,7 +422,8 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     // and waiting for the other's would wait for each other.)
     std::set<int> wanted;
     for (std::size_t i = 0; i < tensors.size() && i < targets.size(); ++i)
-        if (tensors[i].device().is_cuda() && ipc_viable(*conn, tensors[i].device(), targets[i])) wanted.insert(tensors[i].device().index);
+        if (tensors[i].device().is_cuda() && tensors[i].nbytes() > 0 && ipc_viable(*conn, tensors[i].device(), targets[i]))
+            wanted.insert(tensors[i].device().index);
     for (const int index : wanted) {
         const Device d = Device::cuda(index);
         auto& box = outboxes_.at(d.index);

@@ -132,7 +132,7 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
             return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " names " + std::to_string(len) +
                                                   " bytes at " + std::to_string(r->offset) + (r->chunked ? " (a ring, event " : " (event ") +
                                                   std::to_string(r->event) + ") of an outbox on " + desc.source.str() +
-                                                  " that its offer does not have");
+                                                  " that it did not announce");
         if (r->chunked && desc.nbytes <= len)
             return fail(Errc::protocol_error, "cuda_ipc tensor " + std::to_string(ref.index) + " of " + std::to_string(desc.nbytes) +
                                                   " bytes comes through a ring of " + std::to_string(len) + " bytes, which it fits whole");
@@ -234,7 +234,7 @@ Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& co
         r.event >= static_cast<int>(theirs->events.size()))
         return fail(Errc::protocol_error, what + " names the pool of cuda:" + std::to_string(e.device) + " (event " +
                                               std::to_string(r.event) + ") for a tensor from " + desc.source.str() +
-                                              ", which its offer does not have");
+                                              ", which it did not announce");
     if (auto no = p.pool_refused.find({theirs->index, desc.target.index}); no != p.pool_refused.end()) return fail(no->second);
     auto ds = stream_on(desc.target);
     if (!ds) return fail(std::move(ds).error());
