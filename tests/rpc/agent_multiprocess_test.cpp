@@ -37,14 +37,6 @@ Tensor pattern(std::size_t n, int seed) {
     return t;
 }
 
-TcpStoreOptions store_options(std::uint16_t port) {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.timeout = 10s;
-    return o;
-}
-
 /// The body of one forked worker; returns its exit code (0 = every check held).
 Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
     auto ex = co_await asio::this_coro::executor;
@@ -62,7 +54,7 @@ Task<int> worker(int rank, int world, Scenario scenario, Fds fds) {
     } else if (::read(fds.port_pipes[rank][0], &port, sizeof port) != sizeof port) {
         co_return 12;
     }
-    auto store = co_await TcpStore::connect(ex, store_options(port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(port, 10s));
     if (!store) co_return 13;
     auto agent = co_await detail::NativeAgent::create(test::init_args(*store, rank, world, {}));
     if (!agent) {

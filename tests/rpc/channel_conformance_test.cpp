@@ -312,18 +312,10 @@ Task<int> hostile(detail::NativeAgent& a, const std::string& channel, const std:
 
 #undef EXPECT
 
-TcpStoreOptions store_options(std::uint16_t port) {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.timeout = 30s;
-    return o;
-}
-
 /// A worker of the run over `channel`: rank 0 runs the body, rank 1 serves echo until it is done.
 Task<int> worker(std::string channel, int rank, std::uint16_t port) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(port, 30s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     if (on_cuda(channel) && cuda_device_count() < 2) co_return 77;

@@ -62,14 +62,6 @@ void slow_down(Stream s, long us) {
     if (native) test::fake().set_stream_delay(*native, us);
 }
 
-TcpStoreOptions store_options(std::uint16_t port) {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.timeout = 30s;
-    return o;
-}
-
 /// worker1's handlers: echo; "kernel" (a slow stand-in kernel on the handler's stream copies the
 /// request's first tensor into a new one, and a constant of seed 99 into another); "die".
 Result<void> serve(RpcAgent& a) {
@@ -704,7 +696,7 @@ Task<int> worker(Child c) {
     if (c.channel == "cuda_ipc/outbox") ::setenv("TP_CUDA_IPC_ONE_COPY_MIN", "18446744073709551615", 1);
     const std::string channel = c.channel == "cuda_ipc/outbox" ? "cuda_ipc" : c.channel;
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 30s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     if (cuda_device_count() == 0) co_return 77;

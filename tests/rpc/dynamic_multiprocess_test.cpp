@@ -34,14 +34,6 @@ struct Child {
     int notify = -1;  ///< write end of a pipe to the parent
 };
 
-TcpStoreOptions store_options(std::uint16_t port) {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.timeout = 20s;
-    return o;
-}
-
 /// Waits until `a` lists exactly the workers of `ranks`; false at `limit`.
 Task<bool> until_members(detail::NativeAgent& a, std::vector<int> ranks, std::chrono::milliseconds limit) {
     std::vector<std::string> expect;
@@ -95,7 +87,7 @@ Task<bool> count_in(Store& s, const char* key, int n) {
 
 Task<int> member(Child c) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 20s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     detail::NativeAgentTuning tuning;

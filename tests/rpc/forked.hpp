@@ -23,6 +23,15 @@
 
 namespace tensorplay::test {
 
+/// A client of the store a test's process hosts on this machine at `port`.
+inline TcpStoreOptions local_store(std::uint16_t port, std::chrono::seconds timeout) {
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.timeout = timeout;
+    return o;
+}
+
 /// Exit codes of every child (-SIGNAL when killed); kills stragglers after `limit`. Waits on the
 /// children's pidfds (readable when they exit), not by polling.
 inline std::vector<int> reap(const std::vector<pid_t>& pids, std::chrono::seconds limit) {

@@ -41,14 +41,6 @@ struct Child {
     std::string key;  ///< the group's key ("" none)
 };
 
-TcpStoreOptions store_options(std::uint16_t port) {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.timeout = 20s;
-    return o;
-}
-
 Task<bool> store_wait(Store& s, std::string key, Duration limit) {
     std::vector<std::string> keys(1, std::move(key));
     auto w = co_await s.wait(std::move(keys), limit);
@@ -175,7 +167,7 @@ Task<void> load_loop(test::AgentPtr a, int to, const bool* stop, std::size_t* ok
 
 Task<int> loaded_member(Child c) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 20s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     auto agent = co_await join(st, c, 1s);
@@ -220,7 +212,7 @@ Task<int> loaded_member(Child c) {
 
 Task<int> attacked_member(Child c) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 20s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     auto agent = co_await join(st, c, 5s);
@@ -294,7 +286,7 @@ int refused_with(const Result<Frame>& reply, int code, const char* what) {
 
 Task<int> attacker(Child c) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 20s));
     if (!store) co_return 10;
     auto& st = **store;
     if (!co_await store_wait(st, "test/in/all", 30s)) co_return 11;
@@ -374,7 +366,7 @@ void run_forged(const std::string& key) {
 
 Task<int> removed_or_not(Child c) {
     auto ex = co_await asio::this_coro::executor;
-    auto store = co_await TcpStore::connect(ex, store_options(c.port));
+    auto store = co_await TcpStore::connect(ex, test::local_store(c.port, 20s));
     if (!store) co_return 10;
     std::shared_ptr<Store> st = *store;
     auto agent = co_await join(st, c, 1s);
