@@ -1,4 +1,5 @@
 // rendezvous: parses an init_method (env://, tcp://, file://), then hosts or connects to its store.
+// env:// reads torch's variables, else Slurm's (launcher_env.hpp).
 #include <tensorplay/store/rendezvous.hpp>
 
 #include <tensorplay/core/log.hpp>
@@ -7,6 +8,7 @@
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "core/asio_compat.hpp"
+#include "store/launcher_env.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -60,21 +62,34 @@ std::optional<std::string> env(const char* name) {
 }
 
 Failure env_missing(const char* name) {
-    return fail(Errc::invalid_argument,
-                std::string("env:// rendezvous: environment variable ") + name + " expected, but not set");
+    const std::string_view n(name);
+    const char* slurm = n == "RANK"          ? "SLURM_PROCID"
+                        : n == "WORLD_SIZE"  ? "SLURM_NTASKS"
+                        : n == "MASTER_ADDR" ? "SLURM_JOB_NODELIST"
+                        : n == "MASTER_PORT" ? "SLURM_JOB_ID"
+                                             : nullptr;
+    return fail(Errc::invalid_argument, std::string("env:// rendezvous: environment variable ") + name + " expected, but not set" +
+                                            (slurm ? std::string(" (nor Slurm's ") + slurm + ")" : std::string()));
 }
 
-// An integer environment variable; `required` ones must be set.
+// torch's variable `name` of the launcher's environment, else what Slurm's give for it
+// (launcher_env.hpp); `required` ones must come from one of them.
+Result<std::optional<detail::LauncherValue>> launcher(const char* name, bool required) {
+    auto v = detail::launcher_env(name);
+    if (!v) return fail(std::move(v).error().context("env:// rendezvous"));
+    if (!*v && required) return env_missing(name);
+    return v;
+}
+
+// An integer of the launcher's environment; `required` ones must be set.
 Result<std::optional<int>> env_int(const char* name, bool required) {
-    auto v = env(name);
-    if (!v) {
-        if (required) return env_missing(name);
-        return std::optional<int>{};
-    }
-    auto n = parse_int(*v);
+    auto v = launcher(name, required);
+    if (!v) return fail(v.error());
+    if (!*v) return std::optional<int>{};
+    auto n = parse_int((*v)->value);
     if (!n)
-        return fail(Errc::invalid_argument, std::string("env:// rendezvous: environment variable ") + name +
-                                                " must be an integer, got \"" + *v + "\"");
+        return fail(Errc::invalid_argument, "env:// rendezvous: environment variable " + (*v)->source + " must be an integer, got \"" +
+                                                (*v)->value + "\"" + ((*v)->source == name ? "" : std::string(" (for ") + name + ")"));
     return n;
 }
 
@@ -163,10 +178,12 @@ Result<Target> parse(const std::string& url, int rank, int world_size) {
     } else if (t.scheme == "env") {
         if (!rest.empty() && rest != "/") return bad(url, "env:// takes no address (it reads MASTER_ADDR and MASTER_PORT)");
         t.agent_store = env("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True");
-        auto addr = env("MASTER_ADDR");
-        if (!addr) return env_missing("MASTER_ADDR");
-        if (addr->empty()) return fail(Errc::invalid_argument, "env:// rendezvous: environment variable MASTER_ADDR is empty");
-        t.host = *addr;
+        auto addr = launcher("MASTER_ADDR", true);
+        if (!addr) return fail(addr.error());
+        if ((*addr)->value.empty()) return fail(Errc::invalid_argument, "env:// rendezvous: environment variable MASTER_ADDR is empty");
+        t.host = (*addr)->value;
+        if ((*addr)->source != "MASTER_ADDR")
+            log(LogLevel::debug, "store", "env:// rendezvous: MASTER_ADDR is " + t.host + ", " + (*addr)->source + " (Slurm)");
         if (t.host.size() > 2 && t.host.front() == '[' && t.host.back() == ']') t.host = t.host.substr(1, t.host.size() - 2);
         auto port = env_int("MASTER_PORT", true);
         if (!port) return fail(port.error());

@@ -110,4 +110,45 @@ done
 port=$(free_port); timeout=20
 run_rank g0 0 3; run_rank g1 1 3; run_rank g2 2 3
 for r in 0 1 2; do finish "g$r"; [ "$rc" = 0 ] || fail "a world of 3: rank $r exited $rc"; done
+# run_env NAME [VAR=VALUE...]: a worker with only the given launcher variables (none of torch's
+# unless given), output in $dir/NAME.{out,err}
+run_env() {
+    local name=$1
+    shift
+    env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK TP_LOG_LEVEL=info TP_TEST_INIT_TIMEOUT=20 "$@" \
+        timeout 60 "$worker" >"$dir/$name.out" 2>"$dir/$name.err" &
+    pids+=($!)
+    eval "pid_$name=$!"
+}
+
+# 8. srun's environment, no wrapper: SLURM_PROCID and SLURM_NTASKS for the rank and the world, the
+#    first host of SLURM_JOB_NODELIST for MASTER_ADDR, a port derived from SLURM_JOB_ID (15000 + its
+#    last four digits) for MASTER_PORT.
+slurm_port=$(python3 -c '
+import socket
+for p in range(15000, 25000):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass
+    finally: s.close()')
+job=$((4200000 + slurm_port - 15000))
+for r in 0 1 2; do
+    run_env "s$r" SLURM_PROCID=$r SLURM_NTASKS=3 SLURM_LOCALID=$r SLURM_JOB_ID=$job \
+        SLURM_JOB_NODELIST="localhost,gpu-[02-03]" SLURM_NODELIST="localhost,gpu-[02-03]"
+done
+for r in 0 1 2; do
+    finish "s$r"; [ "$rc" = 0 ] || fail "srun's environment: task $r exited $rc"
+    grep -q "rank $r of 3: ok" "$dir/s$r.out" || fail "srun's environment: task $r did not report its rank"
+done
+
+# 9. Kubeflow's PyTorchJob: MASTER_ADDR (the master's service; "localhost" in the master's own pod),
+#    MASTER_PORT, WORLD_SIZE and RANK per pod, nothing else.
+port=$(free_port)
+run_env k0 MASTER_ADDR=localhost MASTER_PORT=$port WORLD_SIZE=3 RANK=0 PYTHONUNBUFFERED=0
+for r in 1 2; do run_env "k$r" MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 RANK=$r PYTHONUNBUFFERED=0; done
+for r in 0 1 2; do
+    finish "k$r"; [ "$rc" = 0 ] || fail "PyTorchJob's environment: pod $r exited $rc"
+    grep -q "rank $r of 3: ok" "$dir/k$r.out" || fail "PyTorchJob's environment: pod $r did not report its rank"
+done
 echo "launch ok"

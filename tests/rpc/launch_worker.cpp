@@ -1,6 +1,6 @@
 // launch_worker: one worker of a job started by a launcher (torchrun, srun, a shell), for the launch tests.
 //
-// Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and torchrun's variables) through env://;
+// Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and torchrun's, or Slurm's, variables) through env://;
 // TP_TEST_INIT_TIMEOUT sets RpcBackendOptions::init_timeout (seconds). Calls "echo" on every other
 // worker, then shuts down gracefully. Prints "rank R of W: ok" on stdout, or the error on stderr.
 // Exit status: 0 ok, 1 init_rpc failed, 2 a call or the shutdown failed.
@@ -23,7 +23,8 @@ std::string env(const char* name) {
 }
 
 tp::Task<int> worker() {
-    const std::string rank = env("RANK");
+    // (Under srun without a wrapper only Slurm's variables say which task this is.)
+    const std::string rank = !env("RANK").empty() ? env("RANK") : env("SLURM_PROCID");
     const std::string name = "worker" + rank;
     auto options = std::make_shared<tp::TensorPipeRpcBackendOptions>();
     options->init_method = "env://";

@@ -7,9 +7,11 @@
 #include <tensorplay/store/prefix_store.hpp>
 #include <tensorplay/store/tcp_store.hpp>
 
+#include "store/launcher_env.hpp"
 #include "store/store_test_util.hpp"
 #include "support/deadline.hpp"
 
+#include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 
 #include <cstdlib>
@@ -29,8 +31,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const char* const kVars[] = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE",
-                             "TORCHELASTIC_RESTART_COUNT"};
+const char* const kVars[] = {"MASTER_ADDR",  "MASTER_PORT",  "RANK",          "WORLD_SIZE",         "TORCHELASTIC_USE_AGENT_STORE",
+                             "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                             "SLURM_JOB_ID"};
 
 // Sets the rendezvous variables for one test (unset unless given) and restores them afterwards.
 class EnvScope {
@@ -141,6 +144,16 @@ TEST_CASE("rendezvous refuses bad URLs and environments naming the culprit", "[s
         {"env://", -1, -1, env_with("TORCHELASTIC_USE_AGENT_STORE", "True"),
          "environment variable TORCHELASTIC_RESTART_COUNT expected, but not set"},
         {"env://host:1", -1, -1, kGoodEnv, "env:// takes no address"},
+        {"env://", -1, -1, env_without("RANK"), "(nor Slurm's SLURM_PROCID)"},
+        // Slurm's variables stand in for torch's unset ones, and say so when they are wrong.
+        {"env://", -1, -1, {{"MASTER_PORT", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[3-1]"}},
+         "the Slurm host list \"n[3-1]\" has the range \"3-1\", which runs backwards"},
+        {"env://", -1, -1, {{"MASTER_ADDR", "h"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "12a"}},
+         "SLURM_JOB_ID \"12a\" is not a job number"},
+        {"env://", -1, -1, {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}},
+         "SLURM_PROCID must be an integer, got \"x\" (for RANK)"},
+        {"env://", -1, -1, {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}},
+         "rank 2 is outside the world [0, 2)"},
     };
     for (const auto& c : cases) {
         EnvScope env(c.env);
@@ -509,6 +522,77 @@ TEST_CASE("an extra rank is seen even when the last rank of rank 0's world is co
             REQUIRE(got.error().code() == Errc::invalid_argument);
             REQUIRE(has(got.error().message(), "world sizes disagree: ranks 0, 1 were told 2; rank 2 was told 3"));
         }
+    });
+}
+
+}  // namespace tp_rendezvous_test
+
+namespace tp_rendezvous_test {
+
+TEST_CASE("Slurm host lists expand as scontrol expands them, and bounded", "[store]") {
+    using tensorplay::detail::expand_hostlist;
+    const std::vector<std::pair<std::string, std::vector<std::string>>> good{
+        {"node01", {"node01"}},
+        {"node[01-03]", {"node01", "node02", "node03"}},
+        {"a[1,3-4],b", {"a1", "a3", "a4", "b"}},
+        {"n[8-11]", {"n8", "n9", "n10", "n11"}},
+        {"n[08-10]", {"n08", "n09", "n10"}},
+        {"rack[1-2]-gpu[0-1]", {"rack1-gpu0", "rack1-gpu1", "rack2-gpu0", "rack2-gpu1"}},
+        {"login,c[7]x", {"login", "c7x"}},
+    };
+    for (const auto& [list, hosts] : good) {
+        INFO(list);
+        auto r = expand_hostlist(list);
+        REQUIRE(r);
+        CHECK(*r == hosts);
+    }
+    for (const char* list : {"n[1-", "n]1[", "n[]", "n[a-b]", "n[3-1]", "a,,b", ",a", "n[1-2[3]]", "n[0-99999999]", "n[0-999]m[0-999]"}) {
+        INFO(list);
+        auto r = expand_hostlist(list);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::invalid_argument);
+        CHECK(r.error().message().find("Slurm host list") != std::string::npos);
+    }
+    CHECK(tensorplay::detail::slurm_port(4242) == 19242);
+    CHECK(tensorplay::detail::slurm_port(123456789) == 21789);
+}
+
+TEST_CASE("env:// under srun: Slurm's variables stand in for torch's, which win where both are set", "[store]") {
+    // A port Slurm's job id derives (15000 + its last four digits) that is free here.
+    std::uint16_t port = 0;
+    std::uint64_t job = 0;
+    {
+        asio::io_context ctx;
+        for (job = 300123; job < 310123 && port == 0; ++job) {
+            const auto p = tensorplay::detail::slurm_port(job);
+            std::error_code ec;
+            asio::ip::tcp::acceptor a(ctx);
+            a.open(asio::ip::tcp::v4(), ec);
+            if (!ec) a.bind(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), p), ec);
+            if (!ec) port = p;
+        }
+        --job;
+    }
+    REQUIRE(port != 0);
+    EnvScope env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "localhost,gpu[2-3]"},
+                  {"SLURM_JOB_ID", std::to_string(job)}});
+    run_with_deadline(10s, [port]() -> Task<void> {
+        auto rv = co_await rendezvous("env://", -1, -1, 5s);
+        CO_REQUIRE(rv);
+        CHECK(rv->rank == 0);
+        CHECK(rv->world_size == 1);
+        REQUIRE(rv->server);
+        CHECK(rv->server->port() == port);
+    });
+    // torch's variables win: RANK and WORLD_SIZE say another world than Slurm's.
+    ::setenv("RANK", "1", 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("MASTER_PORT", "1", 1);  // (not the derived one: rank 1 connects there, and is refused)
+    run_with_deadline(10s, []() -> Task<void> {
+        auto rv = co_await rendezvous("env://", -1, -1, 300ms);
+        REQUIRE_FALSE(rv);
+        INFO(rv.error().to_string());
+        CHECK(rv.error().message().find("localhost:1") != std::string::npos);
     });
 }
 

@@ -2,6 +2,7 @@
 // interprocess events opened once per peer) and the parameters its channel offer carries.
 #pragma once
 
+#include <tensorplay/core/bytes.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/device/backend.hpp>
 
