@@ -48,8 +48,9 @@ Result<std::vector<std::string>> expand_ranges(std::string_view list, std::strin
     return out;
 }
 
-/// The hosts of one entry ("rack[1-2]-gpu[0-1]"): every combination of its groups, in order.
-Result<void> expand_entry(std::string_view list, std::string_view entry, std::vector<std::string>& out) {
+/// The hosts of one entry ("rack[1-2]-gpu[0-1]"): every combination of its groups, in order;
+/// `bytes` counts the characters of `out`.
+Result<void> expand_entry(std::string_view list, std::string_view entry, std::vector<std::string>& out, std::size_t& bytes) {
     std::vector<std::string> names{std::string()};
     while (!entry.empty()) {
         const auto open = entry.find('[');
@@ -63,6 +64,11 @@ Result<void> expand_entry(std::string_view list, std::string_view entry, std::ve
         if (!parts) return fail(parts.error());
         if (names.size() * parts->size() + out.size() > kMaxHostlist)
             return bad_hostlist(list, "names more than " + std::to_string(kMaxHostlist) + " hosts");
+        std::size_t names_bytes = 0, parts_bytes = 0;
+        for (const auto& n : names) names_bytes += n.size();
+        for (const auto& q : *parts) parts_bytes += q.size();
+        if (bytes + names_bytes * parts->size() + names.size() * parts_bytes > kMaxHostlistBytes)
+            return bad_hostlist(list, "expands to more than " + std::to_string(kMaxHostlistBytes) + " bytes of host names");
         std::vector<std::string> next;
         next.reserve(names.size() * parts->size());
         for (const auto& n : names)
@@ -72,8 +78,11 @@ Result<void> expand_entry(std::string_view list, std::string_view entry, std::ve
     }
     for (auto& n : names) {
         if (n.empty()) return bad_hostlist(list, "has an empty host name");
+        bytes += n.size();
         out.push_back(std::move(n));
     }
+    if (bytes > kMaxHostlistBytes)
+        return bad_hostlist(list, "expands to more than " + std::to_string(kMaxHostlistBytes) + " bytes of host names");
     return ok();
 }
 
@@ -87,6 +96,7 @@ std::optional<std::string> env(const char* name) {
 
 Result<std::vector<std::string>> expand_hostlist(std::string_view list) {
     std::vector<std::string> out;
+    std::size_t bytes = 0;
     // Entries are split at commas outside brackets.
     std::size_t start = 0;
     int depth = 0;
@@ -97,7 +107,7 @@ Result<std::vector<std::string>> expand_hostlist(std::string_view list) {
         if (depth > 1) return bad_hostlist(list, "has brackets inside brackets");
         if (i < list.size() && (list[i] != ',' || depth != 0)) continue;
         if (i == start) return bad_hostlist(list, "has an empty entry");
-        if (auto e = expand_entry(list, list.substr(start, i - start), out); !e) return fail(e.error());
+        if (auto e = expand_entry(list, list.substr(start, i - start), out, bytes); !e) return fail(e.error());
         start = i + 1;
     }
     return out;

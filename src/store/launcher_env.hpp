@@ -14,13 +14,16 @@
 
 namespace tensorplay::detail {
 
-/// At most this many hosts in an expanded Slurm host list (a larger one is refused, not expanded).
+/// At most this many hosts, and bytes of their names, in an expanded Slurm host list (a larger
+/// one is refused, not expanded).
 inline constexpr std::size_t kMaxHostlist = 65536;
+inline constexpr std::size_t kMaxHostlistBytes = std::size_t{1} << 20;
 
 /// Expands a Slurm host list ("node[01-03,07],login1", "rack[1-2]-gpu[0-1]") into host names in
 /// order, each bracket group's ranges keeping the zero padding of their lower bound, several groups
 /// in one name giving every combination. Errc::invalid_argument saying what is wrong (an unclosed
-/// or empty bracket, a range that runs backwards or is not numeric, more than kMaxHostlist hosts).
+/// or empty bracket, a range that runs backwards or is not numeric, more than kMaxHostlist hosts or
+/// kMaxHostlistBytes of names).
 [[nodiscard]] Result<std::vector<std::string>> expand_hostlist(std::string_view list);
 
 /// The port every task of Slurm job `job_id` derives when MASTER_PORT is unset: 15000 plus the

@@ -149,6 +149,43 @@ write("device_info", {
     "devices_only": record("w", 8, [], [(1, i) for i in range(8)]),
 })
 
+# ---- the same-host channels', membership's and the launcher's decoders (channel_wire_fuzz.cpp):
+# a selector byte (0 cuda_ipc params, 1 ring notice, 2 export notice, 3 reference, 4 cma params,
+# 5 membership update, 6 member list, 7 Slurm host list), then the encoding.
+HANDLE = bytes(range(64))
+def ipc_device(index, bus, uuid, outbox=None):
+    out = i32(index) + str32(bus) + str32(uuid) + u8(1 if outbox else 0)
+    if outbox:
+        size, chunk, ring, events, pool_fd = outbox
+        out += HANDLE + u64(size) + u64(chunk) + u32(ring) + u32(events) + HANDLE * events + i32(pool_fd)
+    return out
+def ipc_params(pid, devices): return u8(5) + i32(pid) + u32(len(devices)) + b"".join(devices)
+def cma_params(pid):
+    return (u8(2) + str32("0f1e2d3c-boot") + str32("pid:[4026531836]") + str32("user:[4026531837]") + u32(1000) * 4 +
+            i32(pid) + i32(1) + u8(1) + u8(0) + u8(1) + i32(pid) + u64(0x7f0000001000) + bytes(range(32)) + u64(0x7f0000002000))
+def peer_record(name, rank, addresses):
+    return u16(5) + str32(name) + i32(rank) + u32(len(addresses)) + b"".join(str32(n) + str32(d) + str32(a) for n, d, a in addresses)
+def update(change, subject, members):
+    out = u32(0x554D5054) + u8(change) + str32(subject) + u32(len(members))
+    for rec, info in members: out += u32(len(rec)) + rec + u32(len(info)) + info
+    return out
+
+write("channel_wire", {
+    "ipc_offer": u8(0) + ipc_params(4242, [ipc_device(0, "0000:3b:00.0", "GPU-1"), ipc_device(1, "0000:5e:00.0", "")]),
+    "ipc_outbox": u8(0) + ipc_params(4242, [ipc_device(1, "0000:5e:00.0", "GPU-2", (1 << 26, 1 << 22, 4, 2, 17))]),
+    "ring_free": u8(1) + i32(0) + u64(1 << 20) + u32(3),
+    "export": u8(2) + u64(7) + i32(1) + u64(4096) + HANDLE,
+    "ref_outbox": u8(3) + u64(4096 << 16 | 3 << 8 | 1),
+    "ref_pooled": u8(3) + u64(7 << 16 | 0 << 8 | 5),
+    "cma_offer": u8(4) + cma_params(4242),
+    "join": u8(5) + update(1, "worker1", [
+        (peer_record("worker0", 0, [("uv", "any", "tcp://10.0.0.1:29501")]), record("worker0", 0, [], [])),
+        (peer_record("worker1", 1, [("uv", "any", "tcp://10.0.0.2:29501"), ("shm", "host", "shm://tp-1")]),
+         record("worker1", 2, [("worker0", [((1, 0), (1, 1))])], [(1, 0)]))]),
+    "members": u8(6) + u32(3) + i32(0) + i32(2) + i32(5),
+    "hosts": u8(7) + b"gpu-[01-04,07],login1,rack[1-2]-n[0-1]",
+})
+
 # ---- typed codecs: a selector byte (typed_codec_fuzz.cpp's switch), then the encoding:
 # integers and floats fixed-width little-endian, bool one byte, str u64 length + bytes,
 # vec u64 count + elements, map u64 count + key/value pairs, pair first then second.

@@ -12,22 +12,6 @@
 
 namespace tensorplay::detail {
 
-Bytes encode_ring_notice(const RingNotice& n) {
-    WireWriter w;
-    w.i32(n.device).u64(n.offset).u32(n.chunk);
-    return std::move(w).take();
-}
-
-Result<RingNotice> decode_ring_notice(std::span<const std::uint8_t> payload) {
-    WireReader r(payload);
-    RingNotice n;
-    n.device = r.i32();
-    n.offset = r.u64();
-    n.chunk = r.u32();
-    if (auto st = r.finish(); !st) return fail(std::move(st).error().context("decoding a cuda_ipc ring notice"));
-    return n;
-}
-
 void send_control(Connection& conn, std::string_view name, Bytes payload) {
     if (!conn.is_open()) return;
     std::vector<Tensor> none;

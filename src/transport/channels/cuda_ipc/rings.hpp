@@ -13,6 +13,8 @@
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/channels/cuda_ipc/wire.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -25,34 +27,6 @@
 namespace tensorplay::detail {
 
 class Outbox;
-
-/// Names of the ring notices: cuda_ipc's control frames (FrameKind::control).
-inline constexpr std::string_view kRingReady = "cuda_ipc.ready";
-inline constexpr std::string_view kRingFree = "cuda_ipc.free";
-/// A receiver that could not open the sender's outbox of cuda:`device` (or its events) on its own
-/// cuda:`offset` (a container without a shared IPC namespace, a MIG instance): from then on the
-/// sender stages that pair's tensors (cuda_basic). Same encoding as a ring notice, chunk 0.
-inline constexpr std::string_view kIpcRefused = "cuda_ipc.refused";
-/// Chunk value of a kIpcRefused notice that refuses only one copy out of the sender's pool (its
-/// descriptor or pointers could not be imported): that pair's tensors go through the outbox instead.
-inline constexpr std::uint32_t kRefusedPoolOnly = 1;
-/// Sent before the first frame that uses an outbox of ours on this connection: that outbox's
-/// parameters (encode_ipc_params, this process, the one device, with its outbox). Outboxes are
-/// made lazily, at the first tensor that goes by one, so they are not in the offer.
-inline constexpr std::string_view kIpcOutbox = "cuda_ipc.outbox";
-/// Sent right before a frame with a tensor that goes with one copy (PoolExport's encoding): where
-/// in the sender's pool it lies.
-inline constexpr std::string_view kIpcExport = "cuda_ipc.export";
-
-/// One notice: chunk `chunk` of the ring at `offset` of the outbox on the sender's cuda:`device`.
-struct RingNotice {
-    std::int32_t device = 0;
-    std::uint64_t offset = 0;
-    std::uint32_t chunk = 0;
-};
-[[nodiscard]] Bytes encode_ring_notice(const RingNotice& n);
-/// Errc::protocol_error when malformed.
-[[nodiscard]] Result<RingNotice> decode_ring_notice(std::span<const std::uint8_t> payload);
 
 /// A frame's copies on one device: the stream they run on, and what they are.
 struct DeviceStream {
