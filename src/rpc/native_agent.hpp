@@ -42,13 +42,14 @@ namespace tensorplay::detail {
 
 /// Extra knobs of the native agent that TensorPipeRpcBackendOptions does not carry (tests use them).
 struct NativeAgentTuning {
-    /// Bounds of every connection; a null limits.budget gets one of receive_budget_bytes.
+    /// Bounds of every connection; a null limits.budget gets one of receive_budget_bytes. create()
+    /// sets max_frame_bytes and the handshake, frame and idle timeouts from the options.
     ConnectionLimits limits;
     /// Bytes all of the agent's connections together may hold for frames still arriving
-    /// (ReceiveBudget): 16 GiB.
+    /// (ReceiveBudget). create() sets it from the options (receive_budget_bytes).
     std::size_t receive_budget_bytes = std::size_t(16) << 30;
     /// Inbound sockets held at once (handshaking or serving); beyond it, new ones are closed at
-    /// once. 4096: well above one connection from each worker of a large group.
+    /// once. create() sets it from the options (max_inbound_connections).
     std::size_t max_inbound_connections = 4096;
     /// Inbound sockets in their handshake at once (not yet authenticated and admitted); one more
     /// ends the oldest such handshake. A real peer's handshake takes a round trip or two; a silent

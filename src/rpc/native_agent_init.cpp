@@ -466,13 +466,35 @@ std::optional<std::string> concurrent_executor(const Executor& ex) {
 }
 }  // namespace
 
+namespace {
+Duration seconds_of(double s) { return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s)); }
+
+/// `t` with the connection bounds `o` sets (TensorPipeRpcBackendOptions; their defaults for other
+/// options).
+NativeAgentTuning bounded_by(NativeAgentTuning t, const RpcBackendOptions* o) {
+    const TensorPipeRpcBackendOptions defaults;
+    const auto* tp = dynamic_cast<const TensorPipeRpcBackendOptions*>(o);
+    const TensorPipeRpcBackendOptions& opts = tp ? *tp : defaults;
+    t.limits.max_frame_bytes = opts.max_frame_bytes;
+    t.limits.handshake_timeout = seconds_of(opts.handshake_timeout);
+    t.limits.frame_timeout = seconds_of(opts.frame_timeout);
+    t.limits.idle_timeout = seconds_of(opts.idle_timeout);
+    t.receive_budget_bytes = opts.receive_budget_bytes;
+    t.max_inbound_connections = opts.max_inbound_connections;
+    return t;
+}
+}  // namespace
+
 Task<Result<std::shared_ptr<NativeAgent>>> NativeAgent::create(BackendInitArgs args, NativeAgentTuning tuning) {
     auto ex = co_await asio::this_coro::executor;
     if (auto why = concurrent_executor(ex))
         co_return fail(Errc::invalid_argument, "the RPC agent of worker \"" + args.name +
                                                    "\" needs an executor that runs one thing at a time (a strand, or an event "
                                                    "loop run by one thread), not " + *why + ": run it on asio::make_strand(...)");
+    if (args.options)
+        if (auto v = args.options->validate(); !v) co_return fail(std::move(v).error().context("the options of worker \"" + args.name + "\""));
     auto name = args.name;
+    tuning = bounded_by(std::move(tuning), args.options.get());
     auto core = std::make_shared<AgentCore>(ex, std::move(args), std::move(tuning));
     auto r = co_await core->start();
     if (!r) {

@@ -4,6 +4,7 @@
 #include "transport/transport.hpp"
 
 #include <cmath>
+#include <utility>
 #include <sstream>
 
 namespace tensorplay {
@@ -57,6 +58,14 @@ Result<void> TensorPipeRpcBackendOptions::validate() const {
         if (auto r = detail::check_transport_names(*transports); !r) return r;
     if (channels)
         if (auto r = detail::check_channel_names(*channels); !r) return r;
+    for (const auto& [name, v] : {std::pair{"max_frame_bytes", max_frame_bytes}, std::pair{"receive_budget_bytes", receive_budget_bytes},
+                                  std::pair{"max_inbound_connections", max_inbound_connections}})
+        if (v == 0) return fail(Errc::invalid_argument, std::string(name) + " must be positive, got 0");
+    if (!(handshake_timeout > 0) || !std::isfinite(handshake_timeout))
+        return fail(Errc::invalid_argument, "handshake_timeout must be a positive number of seconds, got " + std::to_string(handshake_timeout));
+    for (const auto& [name, v] : {std::pair{"frame_timeout", frame_timeout}, std::pair{"idle_timeout", idle_timeout}})
+        if (!(v >= 0) || !std::isfinite(v))
+            return fail(Errc::invalid_argument, std::string(name) + " must be a number of seconds >= 0 (0: none), got " + std::to_string(v));
     // (The same bound as a key file's; the key itself is never put in a message.)
     if (auth_key.size() > 64 * 1024)
         return fail(Errc::invalid_argument, "auth_key is " + std::to_string(auth_key.size()) + " bytes, over the limit of 65536");

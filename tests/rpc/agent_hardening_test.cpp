@@ -49,7 +49,7 @@ std::size_t open_fds() {
 }
 
 /// make_group with agent tuning.
-Task<test::AgentGroup> make_tuned_group(int n, detail::NativeAgentTuning tuning) {
+Task<test::AgentGroup> make_tuned_group(int n, detail::NativeAgentTuning tuning, test::Configure configure) {
     auto ex = co_await asio::this_coro::executor;
     test::AgentGroup g;
     g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
@@ -57,7 +57,7 @@ Task<test::AgentGroup> make_tuned_group(int n, detail::NativeAgentTuning tuning)
     std::vector<std::optional<Error>> errors(n);
     detail::Channel<void(std::error_code, int)> done(ex, n);
     for (int r = 0; r < n; ++r) {
-        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(g.store, r, n, {}), tuning),
+        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(g.store, r, n, configure), tuning),
                        [&g, &errors, &done, r](std::exception_ptr e, Result<test::AgentPtr> a) {
                            if (e) errors[r] = Error(Errc::internal, "exception while starting");
                            else if (a) g.agents[r] = *a;
@@ -347,10 +347,13 @@ TEST_CASE("500 sockets that never say hello cost the agent little memory", "[rpc
 TEST_CASE("the agent closes a silent socket after the handshake timeout and a slow-loris sender after the frame timeout",
           "[rpc][agent][fault]") {
     test::run_with_deadline(30s, [&]() -> Task<void> {
-        detail::NativeAgentTuning tuning;
-        tuning.limits.handshake_timeout = 200ms;
-        tuning.limits.frame_timeout = 200ms;
-        auto g = co_await make_tuned_group(2, tuning);
+        // (Set as users set them: through the options.)
+        const test::Configure short_timeouts = [](int, TensorPipeRpcBackendOptions& o) {
+            o.handshake_timeout = 0.2;
+            o.frame_timeout = 0.2;
+        };
+        const detail::NativeAgentTuning tuning;
+        auto g = co_await make_tuned_group(2, tuning, short_timeouts);
         const auto addr = g[1]->listen_address();
 
         auto silent = co_await raw_connect(addr);
@@ -379,11 +382,52 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
     });
 }
 
+namespace {
+/// A message with one CPU tensor of `n` bytes.
+Message with_tensor_of(std::int64_t n) {
+    Message m = test::text_message("sized");
+    m.tensors.push_back(Tensor::cpu(DType::uint8, {n}));
+    return m;
+}
+}  // namespace
+
+TEST_CASE("bounds set through the options apply: a frame over the receive budget fails alone, one over max_frame_bytes ends its "
+          "connection", "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        const test::Configure bounded = [](int rank, TensorPipeRpcBackendOptions& o) {
+            o.transports = std::vector<std::string>{"uv"};
+            o.channels = std::vector<std::string>{"basic"};  // (every byte on the stream)
+            if (rank != 1) return;
+            o.receive_budget_bytes = std::size_t(256) << 10;
+            o.max_frame_bytes = std::size_t(1) << 20;
+        };
+        const detail::NativeAgentTuning tuning;
+        auto g = co_await make_tuned_group(2, tuning, bounded);
+        test::register_echo(g);
+        const std::string to = "worker1", handler = "echo";
+        Message m512 = with_tensor_of(512 << 10);
+        auto over_budget = co_await g[0]->rpc_async(to, handler, std::move(m512));
+        REQUIRE_FALSE(over_budget);
+        INFO(over_budget.error().to_string());
+        CHECK(over_budget.error().message().find("receive budget (262144 bytes") != std::string::npos);
+        auto small = co_await g[0]->rpc_async(to, handler, test::text_message("still served"));
+        CHECK(small);  // (the same connection: only that frame failed)
+        Message m2 = with_tensor_of(2 << 20);
+        auto over_frame = co_await g[0]->rpc_async(to, handler, std::move(m2));
+        REQUIRE_FALSE(over_frame);
+        INFO(over_frame.error().to_string());
+        CHECK(over_frame.error().code() == Errc::connection_lost);
+        co_await test::shutdown_all(g, false);
+    });
+}
+
 TEST_CASE("beyond max_inbound_connections the agent closes new sockets at once and keeps the others", "[rpc][agent][fault]") {
     test::run_with_deadline(30s, [&]() -> Task<void> {
-        detail::NativeAgentTuning tuning;
-        tuning.max_inbound_connections = 4;  // worker0's connection and three more
-        auto g = co_await make_tuned_group(2, tuning);
+        const test::Configure four = [](int, TensorPipeRpcBackendOptions& o) {
+            o.max_inbound_connections = 4;  // worker0's connection and three more
+        };
+        const detail::NativeAgentTuning tuning;
+        auto g = co_await make_tuned_group(2, tuning, four);
         test::register_echo(g);
         const auto addr = g[1]->listen_address();
         std::vector<asio::ip::tcp::socket> held;
@@ -464,7 +508,8 @@ TEST_CASE("4,100 silent sockets from another process do not lock peers out of th
     std::size_t closed = 0;
     pid_t pid = -1;
     test::run_with_deadline(60s, [&]() -> Task<void> {
-        auto g = co_await make_tuned_group(2, tuning);
+        const test::Configure none;
+        auto g = co_await make_tuned_group(2, tuning, none);
         test::register_echo(g);
         const auto addr = g[1]->listen_address();
         pid = fork_silent_sockets(endpoint_of(addr), kSilent, to_child[0], from_child[1]);

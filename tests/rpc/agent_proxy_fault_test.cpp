@@ -88,20 +88,23 @@ struct ProxiedGroup {
 
 // `n` agents started at once; worker0 reaches worker1 through the proxy (`on_proxy` sees it
 // before worker0 connects) and runs with `tuning0`.
-Task<ProxiedGroup> start_proxied_group(int n, detail::NativeAgentTuning tuning0, std::function<void(FaultProxy&)> on_proxy) {
+Task<ProxiedGroup> start_proxied_group(int n, test::Configure configure0, std::function<void(FaultProxy&)> on_proxy) {
     auto ex = co_await asio::this_coro::executor;
     ProxiedGroup pg;
     pg.g.store = std::make_shared<HashStore>(std::chrono::seconds(5));
     pg.view = std::make_shared<ProxiedView>(pg.g.store);
     pg.view->on_proxy = std::move(on_proxy);
-    const test::Configure uv_only = [](int, TensorPipeRpcBackendOptions& o) { o.transports = std::vector<std::string>{"uv"}; };
+    const test::Configure uv_only = [&configure0](int r, TensorPipeRpcBackendOptions& o) {
+        o.transports = std::vector<std::string>{"uv"};
+        if (r == 0 && configure0) configure0(r, o);
+    };
     pg.g.agents.resize(n);
     std::vector<std::optional<Error>> errors(n);
     test::Signal done(ex, n);
     for (int r = 0; r < n; ++r) {
         std::shared_ptr<Store> s = r == 0 ? std::shared_ptr<Store>(pg.view) : std::shared_ptr<Store>(pg.g.store);
         // TCP only: the proxy sits on the TCP link (a same-host uds connection would bypass it).
-        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, uv_only), r == 0 ? tuning0 : detail::NativeAgentTuning{}),
+        asio::co_spawn(ex, detail::NativeAgent::create(test::init_args(s, r, n, uv_only), detail::NativeAgentTuning{}),
                        [&pg, &errors, &done, r](std::exception_ptr e, Result<test::AgentPtr> a) {
                            if (e) errors[r] = Error(Errc::internal, "exception while starting");
                            else if (a) pg.g.agents[r] = *a;
@@ -119,7 +122,8 @@ Task<ProxiedGroup> start_proxied_group(int n, detail::NativeAgentTuning tuning0,
 // Three agents; worker0 reaches worker1 through the proxy. Each has "echo" and "hold" (held
 // until `release` is signalled, signalling `entered`).
 Task<ProxiedGroup> make_proxied_group(test::Signal& entered, test::Signal& release) {
-    auto pg = co_await start_proxied_group(3, detail::NativeAgentTuning{}, {});
+    const test::Configure none;
+    auto pg = co_await start_proxied_group(3, none, {});
     test::register_echo(pg.g);
     for (auto& a : pg.g.agents) REQUIRE(a->register_handler("hold", test::held_handler(entered, release)));
     co_return pg;
@@ -313,9 +317,8 @@ TEST_CASE("at startup a peer that does not answer within the handshake timeout i
     // the link, and worker0's 200 ms handshakes time out. The start must go on, not fail.
     test::run_with_deadline(20s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
-        detail::NativeAgentTuning tuning;
-        tuning.limits.handshake_timeout = 200ms;
-        auto pg = co_await start_proxied_group(2, tuning, [ex](FaultProxy& proxy) {
+        const test::Configure short_handshakes = [](int, TensorPipeRpcBackendOptions& o) { o.handshake_timeout = 0.2; };
+        auto pg = co_await start_proxied_group(2, short_handshakes, [ex](FaultProxy& proxy) {
             proxy.stall(Direction::to_server);
             proxy.stall(Direction::to_client);
             asio::co_spawn(ex, [&proxy]() -> Task<void> {

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -72,6 +73,34 @@ TEST_CASE("validate refuses negative, NaN and infinite timeouts and non-positive
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::invalid_argument);
         CHECK(r.error().message() == "num_worker_threads must be positive, got " + std::to_string(bad));
+    }
+}
+
+TEST_CASE("the connection bounds are options with their defaults, and validate refuses bad ones naming the option", "[rpc]") {
+    const TensorPipeRpcBackendOptions o;
+    CHECK(o.max_frame_bytes == std::size_t(1) << 36);
+    CHECK(o.receive_budget_bytes == std::size_t(16) << 30);
+    CHECK(o.handshake_timeout == 10);
+    CHECK(o.frame_timeout == 120);
+    CHECK(o.idle_timeout == 0);
+    CHECK(o.max_inbound_connections == 4096);
+    using Set = std::function<void(TensorPipeRpcBackendOptions&)>;
+    const std::vector<std::pair<std::string, Set>> bad{
+        {"max_frame_bytes must be positive", [](auto& b) { b.max_frame_bytes = 0; }},
+        {"receive_budget_bytes must be positive", [](auto& b) { b.receive_budget_bytes = 0; }},
+        {"max_inbound_connections must be positive", [](auto& b) { b.max_inbound_connections = 0; }},
+        {"handshake_timeout must be a positive number", [](auto& b) { b.handshake_timeout = 0; }},
+        {"frame_timeout must be a number of seconds >= 0", [](auto& b) { b.frame_timeout = -1; }},
+        {"idle_timeout must be a number of seconds >= 0", [](auto& b) { b.idle_timeout = std::nan(""); }},
+    };
+    for (const auto& [says, set] : bad) {
+        TensorPipeRpcBackendOptions b;
+        set(b);
+        auto r = b.validate();
+        INFO(says);
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::invalid_argument);
+        CHECK_THAT(r.error().message(), Catch::StartsWith(says));
     }
 }
 

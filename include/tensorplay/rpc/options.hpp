@@ -6,6 +6,7 @@
 #include <tensorplay/device/device_map.hpp>
 #include <tensorplay/rpc/constants.hpp>
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +71,25 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// when it does not answer, remove it (a lost connection probes at once); must be positive.
     double member_timeout = DEFAULT_MEMBER_TIMEOUT_SEC;
 
+    // Bounds on what a peer can make this worker hold or wait for (docs/protocol.md, "Limits"): a
+    // peer past one loses its connection (or that frame), and the worker goes on serving the others.
+    /// Payload plus tensor bytes of one frame (a larger announcement closes the connection): 64 GiB.
+    std::size_t max_frame_bytes = std::size_t(1) << 36;
+    /// Bytes all connections together may hold for frames still arriving (a frame that would pass
+    /// it fails, and its sender gets the error): 16 GiB.
+    std::size_t receive_budget_bytes = std::size_t(16) << 30;
+    /// Seconds a connection's handshake may take: 10.
+    double handshake_timeout = 10;
+    /// Seconds a frame whose first bytes arrived may take to arrive whole (a slow or stalled
+    /// sender's connection closes); 0: no bound. 120.
+    double frame_timeout = 120;
+    /// Seconds a connection may receive nothing before it closes; 0 (default): never. A peer's
+    /// request racing such a close is lost: set it well above the longest quiet spell.
+    double idle_timeout = 0;
+    /// Inbound connections held at once (handshaking or serving); beyond it new ones are closed at
+    /// once: 4096.
+    std::size_t max_inbound_connections = 4096;
+
     TensorPipeRpcBackendOptions() = default;
     TensorPipeRpcBackendOptions(double rpc_timeout, std::string init_method,
                                 int num_worker_threads = DEFAULT_NUM_WORKER_THREADS);
@@ -81,8 +101,9 @@ struct TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Replaces devices. Checked against the device count when the backend starts.
     void set_devices(std::vector<Device> devices);
 
-    /// The base checks plus num_worker_threads > 0, member_timeout > 0, auth_key at most 64 KiB and known names in
-    /// transports and channels (Errc::invalid_argument otherwise).
+    /// The base checks plus num_worker_threads > 0, member_timeout > 0, auth_key at most 64 KiB, known names in
+    /// transports and channels, positive byte and connection bounds, a positive handshake_timeout and
+    /// frame and idle timeouts >= 0 (Errc::invalid_argument otherwise, naming the option).
     [[nodiscard]] Result<void> validate() const override;
 };
 
