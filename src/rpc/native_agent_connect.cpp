@@ -5,7 +5,6 @@
 #include <tensorplay/core/log.hpp>
 
 #include "core/asio_compat.hpp"
-#include "transport/negotiate.hpp"
 
 namespace tensorplay::detail {
 

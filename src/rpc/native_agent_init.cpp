@@ -12,7 +12,6 @@
 #include "core/asio_compat_internals.hpp"
 #include "rpc/native_agent_factory.hpp"
 #include "rpc/peer_record.hpp"
-#include "transport/auth.hpp"
 
 #include <tensorplay/rpc/device_map_exchange.hpp>
 

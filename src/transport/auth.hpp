@@ -6,6 +6,8 @@
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/transport.hpp"
+
 #include <array>
 #include <cstdint>
 #include <span>
@@ -16,9 +18,6 @@ namespace tensorplay::detail {
 
 inline constexpr std::size_t kNonceSize = 32;
 inline constexpr std::size_t kProofSize = 32;  ///< an HMAC-SHA256
-/// The longest shared key accepted (an option, a variable or a file): a larger "key file" is
-/// more likely the wrong file than a key.
-inline constexpr std::size_t kMaxAuthKeyBytes = 64 * 1024;
 
 using Nonce = std::array<std::uint8_t, kNonceSize>;
 using Proof = std::array<std::uint8_t, kProofSize>;
@@ -53,9 +52,5 @@ struct Transcript {
 /// HMAC-SHA256 under `key` of the transcript for `by`'s proof.
 [[nodiscard]] Result<Proof> handshake_proof(std::string_view key, const Transcript& t, ProofBy by);
 
-/// Reads a shared key from `path`: the whole file, less trailing newlines (as `$(cat file)` gives
-/// it). Errc::invalid_argument naming the file (never its bytes) when it cannot be read, is empty
-/// or is larger than kMaxAuthKeyBytes.
-[[nodiscard]] Result<std::string> read_auth_key_file(const std::string& path);
 
 }  // namespace tensorplay::detail

@@ -155,6 +155,9 @@ void set_output_bounds(Connection& c, OutputBounds bounds);
 /// which reads us), or -1 without cma.
 [[nodiscard]] int cma_peer_pid(const Connection& c) noexcept;
 
+/// "uv, uds" (the names of `offers`): for messages.
+[[nodiscard]] std::string offer_names(const std::vector<TransportOffer>& offers);
+
 /// True when bytes of further frames are already buffered (receive() will not wait for them).
 [[nodiscard]] bool input_pending(const Connection& c) noexcept;
 

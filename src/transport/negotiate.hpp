@@ -4,6 +4,8 @@
 
 #include <tensorplay/transport/connection.hpp>
 
+#include "transport/connection_ext.hpp"
+
 #include <string_view>
 
 namespace tensorplay::detail {
@@ -15,7 +17,5 @@ namespace tensorplay::detail {
 /// Errc::not_supported naming both workers and their offers when no transport is common.
 [[nodiscard]] Result<Negotiated> negotiate(const HelloInfo& server, const HelloInfo& client, std::string_view current);
 
-/// "uv, uds" (the names of `offers`): for messages.
-[[nodiscard]] std::string offer_names(const std::vector<TransportOffer>& offers);
 
 }  // namespace tensorplay::detail

@@ -122,4 +122,13 @@ public:
 /// "boot id/network namespace inode/uid" of this process: the same-host domain.
 [[nodiscard]] std::string same_host_domain();
 
+/// The longest shared key accepted (an option, a variable or a file): a larger "key file" is
+/// more likely the wrong file than a key.
+inline constexpr std::size_t kMaxAuthKeyBytes = 64 * 1024;
+
+/// Reads a shared key from `path`: the whole file, less trailing newlines (as `$(cat file)` gives
+/// it). Errc::invalid_argument naming the file (never its bytes) when it cannot be read, is empty
+/// or is larger than kMaxAuthKeyBytes.
+[[nodiscard]] Result<std::string> read_auth_key_file(const std::string& path);
+
 }  // namespace tensorplay::detail
