@@ -516,7 +516,7 @@ Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(TransportStream 
     }
     if (auto r = co_await detail::finish_transport(*s, timeout); !r) {
         s->close(std::nullopt);
-        co_return fail(std::move(r).error().context("setting up the rings of " + s->endpoint));
+        co_return fail(std::move(r).error().context("setting up the " + s->transport + " stream of " + s->endpoint));
     }
     s->allocator = detail::default_allocate;
     s->channels = detail::ChannelTable(s->negotiated, false, s->peer);
