@@ -1,4 +1,4 @@
-// cma's receiving side (cma_channel.hpp).
+// cma on one connection: its sending and receiving sides (cma_channel.hpp).
 #include "transport/channels/cma/cma_channel.hpp"
 
 #include "transport/channels/cma/cma.hpp"
