@@ -351,19 +351,7 @@ Task<int> worker(std::string channel, int rank, std::uint16_t port) {
 
 /// Runs the body over `channel` between two forked workers: both exit codes.
 std::vector<int> run(const std::string& channel) {
-    std::uint16_t port = 0;
-    const pid_t store = test::spawn_store(port);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 2; ++r) {
-        const pid_t pid = ::fork();
-        REQUIRE(pid >= 0);
-        if (pid == 0) ::_exit(test::run_child(worker(channel, r, port), 100s));
-        pids.push_back(pid);
-    }
-    auto codes = test::reap(pids, std::chrono::seconds(110));
-    ::kill(store, SIGKILL);
-    (void)test::reap({store}, std::chrono::seconds(5));
-    return codes;
+    return test::run_workers(2, [&channel](int rank, std::uint16_t port) { return worker(channel, rank, port); }, 100s);
 }
 
 }  // namespace

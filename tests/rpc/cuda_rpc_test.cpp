@@ -797,18 +797,8 @@ std::vector<int> run(Scenario scenario, const std::string& channel) {
         ::setenv("FAKE_CUDA_EXCLUSIVE", dir, 1);  // (the children's; this process makes no context)
         if (scenario == Scenario::exclusive_held) holder = hold_device(1);
     }
-    std::uint16_t port = 0;
-    const pid_t store = test::spawn_store(port);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 2; ++r) {
-        const pid_t pid = ::fork();
-        REQUIRE(pid >= 0);
-        if (pid == 0) ::_exit(test::run_child(worker(Child{scenario, channel, r, port, 0}), 50s));
-        pids.push_back(pid);
-    }
-    auto codes = test::reap(pids, std::chrono::seconds(60));
-    ::kill(store, SIGKILL);
-    (void)test::reap({store}, std::chrono::seconds(5));
+    auto codes = test::run_workers(
+        2, [&](int rank, std::uint16_t port) { return worker(Child{scenario, channel, rank, port, 0}); }, 50s);
     if (holder > 0) {
         ::kill(holder, SIGKILL);
         (void)test::reap({holder}, std::chrono::seconds(5));

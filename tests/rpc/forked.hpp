@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <vector>
 
@@ -102,6 +103,25 @@ inline pid_t spawn_store(std::uint16_t& port, TcpStoreServerOptions so = {.host 
     REQUIRE(::read(p[0], &port, sizeof port) == sizeof port);
     ::close(p[0]);
     return pid;
+}
+
+/// Runs `n` worker processes against a store process of their own: worker r forked runs
+/// `body(r, the store's port)` for at most `limit`; their exit codes (the store is killed after).
+inline std::vector<int> run_workers(int n, const std::function<Task<int>(int rank, std::uint16_t port)>& body,
+                                    std::chrono::seconds limit) {
+    std::uint16_t port = 0;
+    const pid_t store = spawn_store(port);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; ++r) {
+        const pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) ::_exit(run_child(body(r, port), limit));
+        pids.push_back(pid);
+    }
+    auto codes = reap(pids, limit + std::chrono::seconds(10));
+    ::kill(store, SIGKILL);
+    (void)reap({store}, std::chrono::seconds(5));
+    return codes;
 }
 
 }  // namespace tensorplay::test
