@@ -2,7 +2,7 @@
 # Installs the Debian packages the build needs, when some are missing (as root); idempotent.
 # TP_WITH_TORCH=1 also installs python3-torch, the peer of the store interop tests.
 set -euo pipefail
-pkgs=(meson ninja-build g++ pkg-config python3 libasio-dev libexpected-dev liburing-dev libssl-dev catch2 ccache)
+pkgs=(meson ninja-build g++ pkg-config python3 libasio-dev libexpected-dev liburing-dev libssl-dev catch2 ccache lld)
 if [ "${TP_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do

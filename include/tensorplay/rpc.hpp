@@ -5,6 +5,7 @@
 
 #include <tensorplay/core/bytes.hpp>
 #include <tensorplay/core/error.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/runtime.hpp>

@@ -11,6 +11,8 @@
 // Each function below has the ABI of the member it stands for (hidden result pointer, this, property,
 // int) and calls that member, which the GCC-built library defines under GCC's name. The names are
 // those of Asio 1.22; tests/install checks a clang consumer links and runs, so a change shows there.
+#include <tensorplay/core/export.hpp>
+
 #include <asio/any_io_executor.hpp>
 #include <asio/execution.hpp>
 
@@ -22,7 +24,7 @@ namespace ex = asio::execution;
 using Executor = asio::any_io_executor;
 
 #define TP_CLANG_NAME(fn, member, Property, clang_name)                                    \
-    Executor fn(const Executor* self, const Property& p, int) __asm__(clang_name);         \
+    TP_API Executor fn(const Executor* self, const Property& p, int) __asm__(clang_name);  \
     Executor fn(const Executor* self, const Property& p, int) { return self->member(p); }
 
 TP_CLANG_NAME(clang_require_never, require, ex::blocking_t::never_t,

@@ -12,7 +12,7 @@
 #include <system_error>
 #include <variant>
 
-namespace tensorplay::detail {
+namespace tensorplay {
 
 Error error_from_exception_ptr(std::exception_ptr e, std::string_view where) {
     try {
@@ -36,11 +36,11 @@ Error timeout_error(Duration d) {
 }
 
 Task<bool> race_deadline(Task<void> body, Duration d) {
-    using namespace awaitable_ops;
+    using namespace detail::awaitable_ops;
     asio::steady_timer timer(co_await asio::this_coro::executor, d);
     // (`||` cancels the loser, terminally, and waits for it; the caller's cancellation reaches both.)
     auto r = co_await (std::move(body) || timer.async_wait(asio::use_awaitable));
     co_return r.index() == 0;
 }
 
-}  // namespace tensorplay::detail
+}  // namespace tensorplay

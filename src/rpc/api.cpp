@@ -99,7 +99,7 @@ Result<T> block_on_executor(const Executor& ex, Task<Result<T>> task, std::strin
     auto promise = std::make_shared<std::promise<Result<T>>>();
     auto future = promise->get_future();
     asio::co_spawn(ex, std::move(task), [promise](std::exception_ptr e, Result<T> r) {
-        if (e) r = fail(detail::error_from_exception_ptr(e, "rpc"));
+        if (e) r = fail(error_from_exception_ptr(e, "rpc"));
         promise->set_value(std::move(r));
     });
     try {

@@ -140,7 +140,7 @@ Result<std::shared_ptr<RpcBackendOptions>> construct_rpc_backend_options(const B
     try {
         options = value->construct_rpc_backend_options_handler(rpc_timeout, std::move(init_method), kwargs);
     } catch (...) {
-        return fail(detail::error_from_current_exception("construct_rpc_backend_options handler of RPC backend " +
+        return fail(error_from_current_exception("construct_rpc_backend_options handler of RPC backend " +
                                                          backend.name()));
     }
     if (options && !*options)
@@ -156,7 +156,7 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_backend(BackendRef backend, Backend
     try {
         agent = co_await value->init_backend_handler(std::move(args));
     } catch (...) {
-        co_return fail(detail::error_from_current_exception("init_backend handler of RPC backend " + backend.name()));
+        co_return fail(error_from_current_exception("init_backend handler of RPC backend " + backend.name()));
     }
     if (agent && !*agent)
         co_return fail(Errc::internal, "init_backend handler of RPC backend " + backend.name() + " returned no agent");

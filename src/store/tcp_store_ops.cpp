@@ -143,7 +143,7 @@ Task<Error> explain_wait_timeout(StatePtr s, std::vector<std::string> keys, Erro
 template <class T>
 Task<Result<T>> on_strand(StatePtr s, Task<Result<T>> body, std::string what) {
     auto [e, r] = co_await asio::co_spawn(s->strand, std::move(body), detail::use_nothrow);
-    if (e) co_return fail(detail::error_from_exception_ptr(e, what));
+    if (e) co_return fail(error_from_exception_ptr(e, what));
     if (!r) co_return fail(std::move(r).error().context(what));
     co_return std::move(r);
 }
@@ -156,7 +156,7 @@ Task<Result<T>> named(Task<Result<T>> body, const char* what, std::string key = 
     try {
         r.emplace(co_await std::move(body));
     } catch (...) {
-        r.emplace(fail(detail::error_from_current_exception(what)));
+        r.emplace(fail(error_from_current_exception(what)));
     }
     if (!*r) {
         std::string ctx = what;
@@ -365,7 +365,7 @@ Task<Result<std::shared_ptr<TcpStore>>> TcpStore::connect(Executor executor, Tcp
     try {
         impl = std::make_shared<Impl>(std::move(executor), std::move(options));
     } catch (...) {
-        co_return fail(detail::error_from_current_exception("creating the store client"));
+        co_return fail(error_from_current_exception("creating the store client"));
     }
     const std::string what = "connecting to the store at " + impl->where;
     auto s = impl;

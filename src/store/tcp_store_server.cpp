@@ -153,7 +153,7 @@ std::size_t serve_batch(StoreServerState& server, StoreConn& c, c10d::Request& r
         // Out of memory (or a bug): the request fails with its connection, nobody else's does.
         if (c.out.size() > mark) c.out.resize(mark);
         try {
-            why = detail::error_from_current_exception("serving a request").to_string();
+            why = error_from_current_exception("serving a request").to_string();
         } catch (...) {
         }
         server.close(c);
@@ -308,7 +308,7 @@ Task<void> run_acceptor(std::shared_ptr<TcpStoreServer::Impl> server, std::size_
         } catch (...) {
             // Out of memory: drop this connection, keep accepting.
             if (c) server->close(*c);
-            log(LogLevel::warn, "store", detail::error_from_current_exception("accepting a connection").to_string());
+            log(LogLevel::warn, "store", error_from_current_exception("accepting a connection").to_string());
         }
     }
 }
@@ -428,7 +428,7 @@ Result<std::shared_ptr<TcpStoreServer>> TcpStoreServer::start(Executor executor,
         log(LogLevel::info, "store", "store server listening on " + impl->address);
         return std::make_shared<TcpStoreServer>(std::move(impl));
     } catch (...) {
-        return fail(detail::error_from_current_exception("starting the store server"));
+        return fail(error_from_current_exception("starting the store server"));
     }
 }
 

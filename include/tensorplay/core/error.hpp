@@ -1,6 +1,7 @@
 // Error values shared by every layer: an Errc category, a message for a person, the worker it came from.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <iosfwd>
 #include <string>
 #include <string_view>
@@ -30,10 +31,10 @@ enum class Errc {
 };
 
 /// Stable snake_case name of a code ("timeout", "remote_error", ...).
-[[nodiscard]] std::string_view to_string(Errc code) noexcept;
+[[nodiscard]] TP_API std::string_view to_string(Errc code) noexcept;
 
 /// A copyable error value: code, human-readable message, optional worker name and OS cause.
-class Error {
+class TP_API Error {
 public:
     Error(Errc code, std::string message, std::string worker = {}, std::error_code cause = {});
 
@@ -64,11 +65,11 @@ private:
     std::error_code cause_;
 };
 
-std::ostream& operator<<(std::ostream& os, const Error& e);
-std::ostream& operator<<(std::ostream& os, Errc code);
+TP_API std::ostream& operator<<(std::ostream& os, const Error& e);
+TP_API std::ostream& operator<<(std::ostream& os, Errc code);
 
 /// Converts an OS/Asio error code: operation_aborted is cancelled; eof, reset and broken pipe are
 /// connection_lost; timed_out is timeout; the rest io_error. `what` names the operation.
-[[nodiscard]] Error from_error_code(std::error_code ec, std::string_view what);
+[[nodiscard]] TP_API Error from_error_code(std::error_code ec, std::string_view what);
 
 }  // namespace tensorplay

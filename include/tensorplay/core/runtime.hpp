@@ -1,6 +1,7 @@
 // Runtime: the I/O context, its threads and the pool for blocking handlers.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 
@@ -20,7 +21,7 @@ struct RuntimeOptions {
 
 /// Owns (or adopts) the executor the library runs on, plus a worker pool.
 /// Thread-safe. Destruction stops and joins everything it started.
-class Runtime {
+class TP_API Runtime {
 public:
     /// Starts an io_context run by `options.io_threads` threads and a worker pool.
     /// Values below 1 are raised to 1.
@@ -54,9 +55,9 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-namespace detail {
-[[nodiscard]] Error error_from_exception_ptr(std::exception_ptr e, std::string_view where);
-}
+/// Turns an exception (from a coroutine's completion, say) into an Error: Errc::internal unless it
+/// is a system_error; `where` names what threw.
+[[nodiscard]] TP_API Error error_from_exception_ptr(std::exception_ptr e, std::string_view where);
 
 template <class T>
 Result<T> Runtime::block_on(Task<Result<T>> task) {
@@ -65,7 +66,7 @@ Result<T> Runtime::block_on(Task<Result<T>> task) {
     auto future = promise.get_future();
     asio::co_spawn(get_executor(), std::move(task),
                    [&promise](std::exception_ptr e, Result<T> r) {
-                       if (e) r = fail(detail::error_from_exception_ptr(e, "block_on"));
+                       if (e) r = fail(error_from_exception_ptr(e, "block_on"));
                        promise.set_value(std::move(r));
                    });
     return future.get();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 
 #include <bit>
@@ -30,7 +31,7 @@ constexpr void store_le(std::uint8_t* p, U v) noexcept {
 }
 
 /// Appends little-endian fixed-width integers and length-prefixed strings to a Bytes buffer.
-class WireWriter {
+class TP_API WireWriter {
 public:
     WireWriter() = default;
     explicit WireWriter(Bytes initial) : buf_(std::move(initial)) {}
@@ -70,7 +71,7 @@ private:
 /// Reads what WireWriter wrote. Errors are sticky: after the first failed read every read
 /// returns zero/empty and error() says what failed. A read past the end is Errc::protocol_error,
 /// and a length prefix is checked against the remaining bytes and `max_len` before any copy.
-class WireReader {
+class TP_API WireReader {
 public:
     explicit WireReader(std::span<const std::uint8_t> data) noexcept : data_(data) {}
 

@@ -1,6 +1,7 @@
 // DeviceBackend: allocation, streams and events for one device type (cpu, cuda, test-only sim).
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/device/device.hpp>
@@ -35,7 +36,7 @@ struct Stream {
 
 /// A point in a stream's work. Default-constructed: an event that is already complete.
 /// Copies share the same point. Thread-safe.
-class Event {
+class TP_API Event {
 public:
     Event() = default;
     /// True when the work before the event has finished (always true for a default event).
@@ -55,7 +56,7 @@ using IpcHandle = std::array<std::uint8_t, 64>;
 
 /// Another process's memory pool made usable here (DeviceBackend::import_pool); released when the
 /// last reference goes, once every pointer imported from it was freed.
-class ImportedPool {
+class TP_API ImportedPool {
 public:
     virtual ~ImportedPool() = default;
 };
@@ -74,7 +75,7 @@ struct DeviceProperties {
 };
 
 /// Allocation and ordering for one device type. Implementations are thread-safe.
-class DeviceBackend {
+class TP_API DeviceBackend {
 public:
     virtual ~DeviceBackend() = default;
 
@@ -199,31 +200,31 @@ struct CudaBackendOptions {
 /// A new cuda backend (backend_for makes one with default options on first use, unless one was
 /// registered). Errc::not_supported saying why CUDA is unusable here (no runtime, no driver, no
 /// device) or in a build without CUDA; Errc::device_error when setting up a device fails.
-[[nodiscard]] Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions options = {});
+[[nodiscard]] TP_API Result<std::shared_ptr<DeviceBackend>> make_cuda_backend(CudaBackendOptions options = {});
 
 /// The host backend (always present).
-[[nodiscard]] DeviceBackend& cpu_backend() noexcept;
+[[nodiscard]] TP_API DeviceBackend& cpu_backend() noexcept;
 
 /// The backend serving `device`: cpu always; for cuda the installed sim backend, else the
 /// registered CUDA backend, else the process's cuda backend (made on first use).
 /// Errc::not_supported when the build has no CUDA or CUDA is unusable here (the message says
 /// why), Errc::device_error when there is no such device.
-[[nodiscard]] Result<DeviceBackend*> backend_for(Device device);
+[[nodiscard]] TP_API Result<DeviceBackend*> backend_for(Device device);
 
 /// Test only: makes `backend_for(cuda:i)` answer a sim backend with `options.devices` devices,
 /// replacing any earlier one (which stays alive until process exit, so pointers to it remain
 /// valid). Returns the backend. Thread-safe.
-DeviceBackend& install_sim_backend(SimBackendOptions options = {});
+TP_API DeviceBackend& install_sim_backend(SimBackendOptions options = {});
 /// Shorthand for install_sim_backend({.devices = n}).
-DeviceBackend& install_sim_backend(int n);
+TP_API DeviceBackend& install_sim_backend(int n);
 /// Test only: removes the sim backend (cuda devices resolve to the real CUDA backend again).
-void uninstall_sim_backend() noexcept;
+TP_API void uninstall_sim_backend() noexcept;
 
 /// Registers the backend for cuda devices (the CUDA layer calls this); replaces the previous one.
-void register_cuda_backend(std::shared_ptr<DeviceBackend> backend);
+TP_API void register_cuda_backend(std::shared_ptr<DeviceBackend> backend);
 
 /// A new tensor on `device` from its backend. Errors as backend_for / allocate, and
 /// Errc::invalid_argument for a negative dimension or a size that overflows.
-[[nodiscard]] Result<Tensor> empty(Device device, DType dtype, std::vector<std::int64_t> shape);
+[[nodiscard]] TP_API Result<Tensor> empty(Device device, DType dtype, std::vector<std::int64_t> shape);
 
 }  // namespace tensorplay

@@ -1,6 +1,7 @@
 // Device: where a tensor lives (cpu, cuda, cuda:N), and parse_device for user input.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 
 #include <compare>
@@ -16,7 +17,7 @@ namespace tensorplay {
 enum class DeviceType : std::uint8_t { cpu = 0, cuda = 1 };
 
 /// A device value: a type and an optional index (-1 = none). Ordered, hashable, printable.
-struct Device {
+struct TP_API Device {
     DeviceType type = DeviceType::cpu;
     int index = -1;
 
@@ -31,16 +32,16 @@ struct Device {
     friend constexpr auto operator<=>(const Device&, const Device&) = default;
 };
 
-std::ostream& operator<<(std::ostream& os, const Device& d);
+TP_API std::ostream& operator<<(std::ostream& os, const Device& d);
 
 /// Parses "cpu", "cuda", "cuda:N" or a bare integer N (meaning cuda:N).
 /// Anything else ("gpu:0", "cuda:-1", "cuda:1x", "") is Errc::invalid_argument.
-[[nodiscard]] Result<Device> parse_device(std::string_view text);
+[[nodiscard]] TP_API Result<Device> parse_device(std::string_view text);
 /// An integer N means cuda:N; negative is Errc::invalid_argument.
-[[nodiscard]] Result<Device> parse_device(int index);
+[[nodiscard]] TP_API Result<Device> parse_device(int index);
 
 /// Number of CUDA devices visible to this process; 0 without a CUDA runtime or device.
-[[nodiscard]] int cuda_device_count() noexcept;
+[[nodiscard]] TP_API int cuda_device_count() noexcept;
 
 }  // namespace tensorplay
 

@@ -1,6 +1,7 @@
 // Tensor: device-tagged contiguous storage held by reference, so sending does not copy it.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/device/device.hpp>
 
@@ -17,18 +18,18 @@ enum class DType : std::uint8_t {
 };
 
 /// Size of one element in bytes.
-[[nodiscard]] std::size_t element_size(DType dtype) noexcept;
-[[nodiscard]] std::string_view to_string(DType dtype) noexcept;
+[[nodiscard]] TP_API std::size_t element_size(DType dtype) noexcept;
+[[nodiscard]] TP_API std::string_view to_string(DType dtype) noexcept;
 /// The DType whose numeric value is `code` (as sent on the wire); Errc::protocol_error otherwise.
-[[nodiscard]] Result<DType> dtype_from_code(std::uint8_t code);
+[[nodiscard]] TP_API Result<DType> dtype_from_code(std::uint8_t code);
 /// Bytes needed by `shape` of `dtype`; Errc::invalid_argument for a negative dimension or when a
 /// partial product of the shape (in bytes) passes INT64_MAX, even if a later dimension is 0.
-[[nodiscard]] Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape);
+[[nodiscard]] TP_API Result<std::size_t> checked_nbytes(DType dtype, std::span<const std::int64_t> shape);
 
 struct Stream;  // device/backend.hpp
 
 /// Contiguous bytes on one device. Implementations come from a DeviceBackend.
-class Storage {
+class TP_API Storage {
 public:
     virtual ~Storage() = default;
     [[nodiscard]] virtual Device device() const noexcept = 0;
@@ -45,7 +46,7 @@ public:
 };
 
 /// A dense, contiguous tensor: dtype, shape and shared storage. Copies share the storage.
-class Tensor {
+class TP_API Tensor {
 public:
     Tensor() = default;
     /// Wraps `storage`; Errc::invalid_argument when the shape needs more bytes than it has.

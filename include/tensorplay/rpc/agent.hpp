@@ -1,6 +1,7 @@
 // RpcAgent: the interface every RPC backend's agent implements (the native TENSORPIPE one first).
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/rpc/constants.hpp>
@@ -23,7 +24,7 @@ using RpcHandler = std::function<Task<Result<Message>>(WorkerInfo caller, Messag
 using BlockingRpcHandler = std::function<Result<Message>(const WorkerInfo& caller, Message request)>;
 
 /// An RPC agent: one worker's endpoint in a group. Thread-safe.
-class RpcAgent {
+class TP_API RpcAgent {
 public:
     virtual ~RpcAgent() = default;
 

@@ -2,6 +2,7 @@
 // init handlers are coroutines that produce an RpcAgent. TENSORPIPE is registered built in.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/device/device.hpp>
@@ -28,7 +29,7 @@ namespace tensorplay {
 /// What an init handler is given (the seed's store=, name=, rank=, world_size=, rpc_backend_options=).
 /// Not an aggregate on purpose: GCC 12 destroys a braced aggregate temporary twice when it is a
 /// coroutine argument inside a co_await expression; with constructors `co_await init_backend(b, {...})` is safe.
-struct BackendInitArgs {
+struct TP_API BackendInitArgs {
     BackendInitArgs() = default;
     BackendInitArgs(std::shared_ptr<Store> store_, std::string name_, int rank_, int world_size_,
                     std::shared_ptr<RpcBackendOptions> options_)
@@ -48,7 +49,7 @@ using BackendKwarg = std::variant<std::monostate, bool, std::int64_t, double, st
 /// Keyword arguments by name (the seed's **kwargs).
 using BackendKwargs = std::map<std::string, BackendKwarg, std::less<>>;
 /// Python-style name of the type a kwarg holds: "None", "bool", "int", "float", "str", "list[str]", ...
-[[nodiscard]] std::string_view kwarg_type_name(const BackendKwarg& value) noexcept;
+[[nodiscard]] TP_API std::string_view kwarg_type_name(const BackendKwarg& value) noexcept;
 
 /// Builds a backend's options from a timeout (seconds), an init method and keyword arguments.
 using ConstructRpcBackendOptionsHandler = std::function<Result<std::shared_ptr<RpcBackendOptions>>(
@@ -57,14 +58,14 @@ using ConstructRpcBackendOptionsHandler = std::function<Result<std::shared_ptr<R
 using InitBackendHandler = std::function<Task<Result<std::shared_ptr<RpcAgent>>>(BackendInitArgs args)>;
 
 /// The two handlers of a registered backend (the seed's BackendValue).
-struct BackendValue {
+struct TP_API BackendValue {
     ConstructRpcBackendOptionsHandler construct_rpc_backend_options_handler;
     InitBackendHandler init_backend_handler;
 };
 
 /// A handle naming a registered backend; only the registry makes them, so each names one that exists.
 /// Printable as "BackendType.NAME"; ordered and compared by name.
-class BackendType {
+class TP_API BackendType {
 public:
     /// The built-in TENSORPIPE backend (the seed's BackendType.TENSORPIPE).
     [[nodiscard]] static BackendType tensorpipe();
@@ -82,10 +83,10 @@ private:
     std::string name_;
 };
 
-std::ostream& operator<<(std::ostream& os, const BackendType& b);
+TP_API std::ostream& operator<<(std::ostream& os, const BackendType& b);
 
 /// A backend given either as a BackendType or by name (the seed accepts both).
-class BackendRef {
+class TP_API BackendRef {
 public:
     BackendRef(const BackendType& backend) : name_(backend.name()) {}  // NOLINT: implicit by design
     BackendRef(std::string name) : name_(std::move(name)) {}          // NOLINT
@@ -98,30 +99,30 @@ private:
 };
 
 /// True when a backend is registered under `name`. Thread-safe.
-[[nodiscard]] bool backend_registered(std::string_view name);
+[[nodiscard]] TP_API bool backend_registered(std::string_view name);
 
 /// Registers a backend. Errc::already_registered ("RPC backend NAME is already registered") when the name
 /// is taken; Errc::invalid_argument for an empty name; Errc::type_error for an empty handler. Thread-safe.
-[[nodiscard]] Result<BackendType> register_backend(std::string name,
+[[nodiscard]] TP_API Result<BackendType> register_backend(std::string name,
                                                    ConstructRpcBackendOptionsHandler construct_rpc_backend_options_handler,
                                                    InitBackendHandler init_backend_handler);
 
 /// The handle of a registered backend (the seed's BackendType[name]); Errc::unknown_backend otherwise.
-[[nodiscard]] Result<BackendType> backend_type(std::string_view name);
+[[nodiscard]] TP_API Result<BackendType> backend_type(std::string_view name);
 /// Every registered backend, in name order.
-[[nodiscard]] std::vector<BackendType> registered_backends();
+[[nodiscard]] TP_API std::vector<BackendType> registered_backends();
 /// The handlers of a backend (the seed's BackendType.X.value); Errc::unknown_backend when unknown.
-[[nodiscard]] Result<BackendValue> backend_value(const BackendRef& backend);
+[[nodiscard]] TP_API Result<BackendValue> backend_value(const BackendRef& backend);
 
 /// Calls the backend's options handler. Errc::unknown_backend ("unknown RPC backend 'NAME'") for an
 /// unknown name; otherwise what the handler returns (a handler's exception becomes Errc::internal).
-[[nodiscard]] Result<std::shared_ptr<RpcBackendOptions>> construct_rpc_backend_options(
+[[nodiscard]] TP_API Result<std::shared_ptr<RpcBackendOptions>> construct_rpc_backend_options(
     const BackendRef& backend, double rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC,
     std::string init_method = std::string(DEFAULT_INIT_METHOD), const BackendKwargs& kwargs = {});
 
 /// Awaits the backend's init handler. Errc::unknown_backend for an unknown name; otherwise the handler's
 /// result (its exception becomes Errc::internal; a success without an agent is Errc::internal).
 /// Cancellation is forwarded to the handler.
-[[nodiscard]] Task<Result<std::shared_ptr<RpcAgent>>> init_backend(BackendRef backend, BackendInitArgs args);
+[[nodiscard]] TP_API Task<Result<std::shared_ptr<RpcAgent>>> init_backend(BackendRef backend, BackendInitArgs args);
 
 }  // namespace tensorplay

@@ -2,6 +2,7 @@
 // dashboards and `echo_cluster --stats`.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/device/device_map.hpp>
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace tensorplay {
 
 /// Counters of one peer worker, since the agent started.
-struct PeerDebugInfo {
+struct TP_API PeerDebugInfo {
     std::string worker;
     int rank = -1;
     bool connected = false;             ///< an outgoing connection to it is open
@@ -29,7 +30,7 @@ struct PeerDebugInfo {
 };
 
 /// A snapshot of an agent.
-struct AgentDebugInfo {
+struct TP_API AgentDebugInfo {
     std::string worker;
     int rank = -1;
     int world_size = 0;

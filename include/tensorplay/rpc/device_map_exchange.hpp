@@ -3,6 +3,7 @@
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/device/device.hpp>
@@ -37,10 +38,10 @@ inline constexpr std::size_t kMaxDeviceInfoDevices = 4096;
 /// The stable little-endian record: u32 magic 0x4D445054 ("TPDM"), u16 version, str32 name,
 /// i32 device_count, u32 map count { str32 target, u32 pair count { device source, device target } },
 /// u32 device count { device }; a device is u8 type (0 cpu, 1 cuda) and i32 index (-1: none).
-[[nodiscard]] Bytes encode_worker_device_info(const WorkerDeviceInfo& info);
+[[nodiscard]] TP_API Bytes encode_worker_device_info(const WorkerDeviceInfo& info);
 /// Decodes a record; anything malformed (bad magic or version, a length beyond the limits or the
 /// data, an unknown device type, a repeated map target or source, trailing bytes) is Errc::protocol_error.
-[[nodiscard]] Result<WorkerDeviceInfo> decode_worker_device_info(std::span<const std::uint8_t> record);
+[[nodiscard]] TP_API Result<WorkerDeviceInfo> decode_worker_device_info(std::span<const std::uint8_t> record);
 
 /// The exchange all-gathers under this prefix of the given store ("tensorplay_device_maps/" + all_gather's keys).
 inline constexpr std::string_view kDeviceMapExchangePrefix = "tensorplay_device_maps";
@@ -63,12 +64,12 @@ struct DeviceMapExchangeResult {
 /// back as the store gives them, with context. Waits use the store's timeout(). Every worker of the
 /// group must call it the same number of times (it is one all_gather round under kDeviceMapExchangePrefix).
 /// `store` must outlive the coroutine.
-[[nodiscard]] Task<Result<DeviceMapExchangeResult>> exchange_and_check_all_device_maps(
+[[nodiscard]] TP_API Task<Result<DeviceMapExchangeResult>> exchange_and_check_all_device_maps(
     Store& store, std::string my_name, int rank, int world_size, int my_device_count, DeviceMaps my_device_maps,
     std::vector<Device> my_devices);
 
 /// The seed's _get_device_infos for this worker: cuda_device_count(), the options' maps and devices.
-[[nodiscard]] WorkerDeviceInfo local_device_info(std::string name, const TensorPipeRpcBackendOptions& options);
+[[nodiscard]] TP_API WorkerDeviceInfo local_device_info(std::string name, const TensorPipeRpcBackendOptions& options);
 
 /// What the dynamic-group check gives: the reverse maps and each worker's device list.
 struct DynamicDeviceMapResult {
@@ -79,7 +80,7 @@ struct DynamicDeviceMapResult {
 /// The pure part of the seed's _set_devices_and_reverse_device_map (the caller gathers `infos`, one per
 /// current member, e.g. over RPC): validates with dynamic-group rules, builds my reverse maps and, as the
 /// seed does, each worker's device list from its devices, its maps and my reverse maps.
-[[nodiscard]] Result<DynamicDeviceMapResult> check_dynamic_group_device_maps(const std::string& my_name,
+[[nodiscard]] TP_API Result<DynamicDeviceMapResult> check_dynamic_group_device_maps(const std::string& my_name,
                                                                              const std::vector<WorkerDeviceInfo>& infos);
 
 }  // namespace tensorplay

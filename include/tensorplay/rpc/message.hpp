@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/device/backend.hpp>
 #include <tensorplay/device/tensor.hpp>
 
@@ -12,7 +13,7 @@ namespace tensorplay {
 
 /// An RPC request or reply: opaque payload bytes and tensors sent alongside (never copied into
 /// the payload). Tensors on non-CPU devices move through the device maps.
-struct Message {
+struct TP_API Message {
     Message() = default;
     /// (A constructor, not aggregate initialisation: `Message{payload, {tensor}}` stays warning-free
     /// with `streams` after them. Explicit: bytes do not turn into a Message unasked.)

@@ -1,6 +1,7 @@
 // RpcBackendOptions and TensorPipeRpcBackendOptions: what a backend is configured with.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/device_map.hpp>
@@ -15,7 +16,7 @@ namespace tensorplay {
 
 /// Options every backend understands. Polymorphic: an init handler checks the dynamic type
 /// (dynamic_cast) of the options it is given. Not thread-safe: configure, then hand over.
-struct RpcBackendOptions {
+struct TP_API RpcBackendOptions {
     /// Default timeout of an RPC in seconds; 0 means no timeout.
     double rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC;
     /// How workers rendezvous: "env://", "tcp://host:port", "file://path".
@@ -37,7 +38,7 @@ struct RpcBackendOptions {
 };
 
 /// Options of the built-in TENSORPIPE backend.
-struct TensorPipeRpcBackendOptions : RpcBackendOptions {
+struct TP_API TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Size of the pool that runs blocking handlers; must be positive.
     int num_worker_threads = DEFAULT_NUM_WORKER_THREADS;
     /// Per peer worker: where this worker's devices land on that peer.

@@ -1,6 +1,7 @@
 // WorkerInfo: a worker's name and id (its rank in a static group).
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <compare>
 #include <iosfwd>
 #include <string>
@@ -8,7 +9,7 @@
 namespace tensorplay {
 
 /// Identity of a worker. Printable as "WorkerInfo(id=1, name=worker1)".
-struct WorkerInfo {
+struct TP_API WorkerInfo {
     std::string name;
     int id = -1;
 
@@ -17,6 +18,6 @@ struct WorkerInfo {
     friend auto operator<=>(const WorkerInfo&, const WorkerInfo&) = default;
 };
 
-std::ostream& operator<<(std::ostream& os, const WorkerInfo& w);
+TP_API std::ostream& operator<<(std::ostream& os, const WorkerInfo& w);
 
 }  // namespace tensorplay

@@ -1,6 +1,7 @@
 // Collectives over any Store: all_gather and barrier for a fixed group of ranks.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <string>
@@ -35,10 +36,10 @@ namespace tensorplay {
 /// extended API (append, multi_get), O(world_size) otherwise.
 /// Errors: invalid_argument when rank is not in [0, world_size) or world_size < 1; the store's
 /// error (timeout naming the ranks that never came, connection_lost, ...) with the round as context.
-[[nodiscard]] Task<Result<std::vector<Bytes>>> all_gather(Store& store, int rank, int world_size, Bytes value);
+[[nodiscard]] TP_API Task<Result<std::vector<Bytes>>> all_gather(Store& store, int rank, int world_size, Bytes value);
 
 /// Returns once every rank of the group has entered this barrier (same errors as all_gather).
 /// The store must outlive both coroutines.
-[[nodiscard]] Task<Result<void>> barrier(Store& store, int rank, int world_size);
+[[nodiscard]] TP_API Task<Result<void>> barrier(Store& store, int rank, int world_size);
 
 }  // namespace tensorplay

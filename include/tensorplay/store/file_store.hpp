@@ -1,6 +1,7 @@
 // FileStore: a Store kept in one file that several processes on one host share (file:// rendezvous).
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <cstddef>
@@ -30,7 +31,7 @@ struct FileStoreOptions {
 /// doubling, bounded interval on a timer, so no thread is blocked. Thread-safe; waits support
 /// Asio per-operation cancellation (Errc::cancelled). The file is never deleted by the store.
 /// Opening after fork() is not needed: a child process reopens the file on first use.
-class FileStore final : public Store {
+class TP_API FileStore final : public Store {
 public:
     /// Opens (creating if needed) the store file at `path`. Errors: io_error naming the path,
     /// store_error when the file exists but is not a FileStore.

@@ -1,6 +1,7 @@
 // HashStore: an in-process Store with c10d semantics, for tests and single-process groups.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <cstddef>
@@ -14,7 +15,7 @@ namespace tensorplay {
 /// multi_set or compare_set of its keys. Waits support Asio per-operation cancellation
 /// (terminal, partial and total): a cancelled wait ends with Errc::cancelled and leaves nothing
 /// registered. Destroying the store ends pending waits with Errc::shutdown.
-class HashStore final : public Store {
+class TP_API HashStore final : public Store {
 public:
     explicit HashStore(Duration timeout = kDefaultTimeout);
     ~HashStore() override;

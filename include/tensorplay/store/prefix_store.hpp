@@ -1,6 +1,7 @@
 // PrefixStore: a view of another Store whose keys all live under "<prefix>/", as c10d's PrefixStore.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <memory>
@@ -12,7 +13,7 @@ namespace tensorplay {
 /// num_keys() is the base store's count (c10d counts every key). The timeout starts as the base
 /// store's and can be changed independently. Thread-safety and cancellation are the base store's.
 /// A null base makes every operation fail with Errc::invalid_argument.
-class PrefixStore final : public Store {
+class TP_API PrefixStore final : public Store {
 public:
     PrefixStore(std::string prefix, std::shared_ptr<Store> base);
 

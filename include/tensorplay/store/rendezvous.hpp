@@ -1,6 +1,7 @@
 // rendezvous: turns an init_method URL (env://, tcp://, file://) into a connected Store, as torch does.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
 
 #include <memory>
@@ -42,7 +43,7 @@ struct Rendezvous {
 /// does not resolve, world sizes that disagree; env:// keeps torch's "environment variable
 /// MASTER_ADDR expected, but not set"); timeout naming the ranks that did not join; the store's
 /// errors (protocol_error for a listener that is not a store, connection_lost) with the URL as context.
-[[nodiscard]] Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size,
+[[nodiscard]] TP_API Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size,
                                                   Duration timeout = Store::kDefaultTimeout);
 
 /// The join every rendezvous ends with, for a store made otherwise (e.g. before
@@ -53,6 +54,6 @@ struct Rendezvous {
 /// them, and a rank told another size than rank 0 always fails. Once per world and store (prefix).
 /// Errors: invalid_argument (rank outside [0, world_size), a disagreement), timeout naming the
 /// missing ranks, the store's errors. `store` must outlive the coroutine.
-[[nodiscard]] Task<Result<void>> join_world(Store& store, int rank, int world_size, Duration timeout);
+[[nodiscard]] TP_API Task<Result<void>> join_world(Store& store, int rank, int world_size, Duration timeout);
 
 }  // namespace tensorplay

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
@@ -16,7 +17,7 @@ namespace tensorplay {
 /// A key-value store with c10d TCPStore semantics. Keys are strings, values bytes.
 /// Every operation is a coroutine; implementations document their thread-safety.
 /// A timeout of zero (or less) means "wait forever", as c10d's kNoTimeout.
-class Store {
+class TP_API Store {
 public:
     static constexpr Duration kDefaultTimeout = std::chrono::seconds(300);
 

@@ -1,6 +1,7 @@
 // TcpStoreServer and TcpStore: a key-value store over TCP, wire-compatible with PyTorch's c10d TCPStore.
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
@@ -51,7 +52,7 @@ struct TcpStoreServerOptions {
 /// (PyTorch 2.x VALIDATE handshake, or PyTorch 1.13 without one) and serves both on one key space.
 /// Thread-safe: all state lives on one strand of the executor it was started on; a blocked WAIT
 /// never holds up another connection.
-class TcpStoreServer {
+class TP_API TcpStoreServer {
 public:
     /// Binds and starts accepting on `executor`. Errors: io_error (bind/listen failed, e.g. the
     /// port is taken), invalid_argument (host does not resolve).
@@ -115,7 +116,7 @@ struct TcpStoreOptions {
 /// without a reply wait are pipelined). A timed-out wait is cancelled on the server (torch2) or the
 /// connection is replaced (torch113). When the server goes away every pending and later operation
 /// fails with Errc::connection_lost. Cancelling an awaiting caller abandons only its reply.
-class TcpStore final : public Store {
+class TP_API TcpStore final : public Store {
 public:
     /// Connects (retrying with backoff until options.timeout), settles the dialect, handshakes
     /// (torch2) and counts workers. Errors: invalid_argument (a host that does not resolve, a bad

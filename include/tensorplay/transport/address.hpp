@@ -1,6 +1,7 @@
 // Address: where a transport listens, as a URL ("tcp://host:port", "uds://name", "shm://name").
 #pragma once
 
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 
 #include <cstdint>
@@ -12,7 +13,7 @@ namespace tensorplay {
 /// A listening address of one transport. `tcp://host:port` (IPv6 hosts in brackets) for `uv`;
 /// `uds://name` (a Unix socket in the abstract namespace, name without the leading NUL) for `uds`;
 /// `shm://name` for `shm` (whose setup runs over such a socket).
-struct Address {
+struct TP_API Address {
     enum class Kind : std::uint8_t { tcp, uds, shm };
     Kind kind = Kind::tcp;
     std::string host;        ///< tcp: a numeric address or a host name

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
+#include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
@@ -36,7 +37,7 @@ inline constexpr std::uint16_t kProtocolVersion = 5;
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
 /// lost. A frame that would pass the limit is answered with an error (Frame::alloc_error, its
 /// bytes read and dropped), not buffered. Thread-safe.
-class ReceiveBudget {
+class TP_API ReceiveBudget {
 public:
     explicit ReceiveBudget(std::size_t limit) noexcept : limit_(limit) {}
     /// Takes `n` bytes; false (nothing taken) when that would pass the limit.
@@ -53,7 +54,7 @@ private:
 };
 
 /// Bounds applied to everything read from the network, before anything is allocated.
-struct ConnectionLimits {
+struct TP_API ConnectionLimits {
     std::size_t max_name_len = 1024;                      ///< handler and worker names
     std::size_t max_meta_bytes = 1u << 20;                ///< a frame's metadata block
     std::size_t max_payload_bytes = std::size_t(1) << 31; ///< a frame's payload
@@ -82,7 +83,7 @@ struct TransportOffer {
 };
 
 /// A channel a side offers for one of its device types.
-struct ChannelOffer {
+struct TP_API ChannelOffer {
     ChannelOffer() = default;
     /// An offer; `params` is left for the connection to fill (cma).
     ChannelOffer(std::string n, std::string type, std::string dom, std::string p = {})
@@ -103,7 +104,7 @@ struct ChannelChoice {
 
 /// What a handshake chose: the transport data goes over (and, when it is not the one the
 /// handshake ran on, the server's address for it), and per device pair the channel.
-struct Negotiated {
+struct TP_API Negotiated {
     std::string transport;
     std::string address;
     std::vector<ChannelChoice> channels;
@@ -112,7 +113,7 @@ struct Negotiated {
 
 /// What each side says about itself in the handshake. The lists are in the side's priority
 /// order, highest first; the server's order decides.
-struct HelloInfo {
+struct TP_API HelloInfo {
     std::string name;
     int rank = -1;
     std::vector<TransportOffer> transports{TransportOffer{"uv", "uv", ""}};
@@ -121,7 +122,7 @@ struct HelloInfo {
 
 /// How a handshake authenticates the peer and whom the accepting side admits (docs/protocol.md,
 /// "Handshake").
-struct HandshakeAuth {
+struct TP_API HandshakeAuth {
     /// The group's shared secret (any bytes); empty: none. With one, both sides prove that they
     /// hold it (HMAC-SHA256 over the handshake, fresh nonces each side); a side without one, or
     /// with another, is refused with Errc::unauthorized. Never logged nor sent.
@@ -197,7 +198,7 @@ struct ConnectionAccess;
 /// created on (which must be a strand or a single-threaded context). Frames queued with send()
 /// are written by one writer coroutine that gathers all queued frames into one async_write.
 /// A malformed frame closes the connection; receive() then returns Errc::protocol_error.
-class Connection {
+class TP_API Connection {
 public:
     ~Connection();
     Connection(const Connection&) = delete;
