@@ -9,6 +9,7 @@
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/core/result.hpp>
 #include <tensorplay/core/runtime.hpp>
+#include <tensorplay/core/secret.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/wire.hpp>

@@ -61,8 +61,8 @@ public:
 
     /// The group's shared key (empty: none), asked of inbound peers and used for outbound ones.
     /// Never logged.
-    void set_key(std::string key) { key_ = std::move(key); }
-    [[nodiscard]] const std::string& key() const noexcept { return key_; }
+    void set_key(Secret key) { key_ = std::move(key); }
+    [[nodiscard]] const Secret& key() const noexcept { return key_; }
 
     /// Accepts on listener `i` until close(): each socket within the budgets gets its handshake
     /// (hooks.spawn), and each that passes goes to hooks.adopt.
@@ -93,7 +93,7 @@ private:
     std::vector<TransportOffer> offers_;
     std::string host_;
     std::uint16_t port_ = 0;
-    std::string key_;
+    Secret key_;
     bool closed_ = false;
     std::vector<std::weak_ptr<Connection>> inbound_;
     std::size_t inbound_open_ = 0;

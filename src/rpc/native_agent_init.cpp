@@ -121,7 +121,7 @@ Result<void> AgentCore::admit(const HelloInfo& peer) const {
 namespace {
 /// The group's shared key: options.auth_key, else the file named by options.auth_key_file or
 /// TP_RPC_AUTH_KEY_FILE, else TP_RPC_AUTH_KEY; empty: none. Errors name the source, never the key.
-Result<std::string> group_auth_key(const TensorPipeRpcBackendOptions* o) {
+Result<Secret> group_auth_key(const TensorPipeRpcBackendOptions* o) {
     if (o && !o->auth_key.empty()) return o->auth_key;
     std::string file = o ? o->auth_key_file : std::string();
     std::string source = "auth_key_file";
@@ -138,9 +138,9 @@ Result<std::string> group_auth_key(const TensorPipeRpcBackendOptions* o) {
     if (const char* k = std::getenv("TP_RPC_AUTH_KEY"); k && *k) {
         if (std::strlen(k) > kMaxAuthKeyBytes)
             return fail(Errc::invalid_argument, "TP_RPC_AUTH_KEY is longer than " + std::to_string(kMaxAuthKeyBytes) + " bytes");
-        return std::string(k);
+        return Secret(k);  // (the environment's own copy is the process's; nothing here can wipe it)
     }
-    return std::string();
+    return Secret();
 }
 }  // namespace
 

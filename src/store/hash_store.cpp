@@ -88,12 +88,12 @@ struct HashStore::State {
 
 namespace {
 
-using State = HashStore::State;
+using HashState = HashStore::State;  // (not State: file_store.cpp may share its unity chunk)
 
 // Removes a waiter on every way out of the waiting coroutine (woken, cancelled, destroyed). Declared
 // after the signal, so that no writer can reach the signal once it is being destroyed.
 struct WaiterGuard {
-    std::shared_ptr<State> s;
+    std::shared_ptr<HashState> s;
     std::uint64_t id;
     ~WaiterGuard() {
         std::lock_guard lock(s->mu);
@@ -104,7 +104,7 @@ struct WaiterGuard {
 
 // Waits (no deadline) until each of `keys` has been written or exists; cancellable.
 // `keys` is a reference: the only caller, wait_until, awaits this coroutine to its end.
-Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::string>& keys) {
+Task<Result<void>> wait_keys(std::shared_ptr<HashState> s, const std::vector<std::string>& keys) {
     detail::RemoteSignal signal(co_await asio::this_coro::executor);
     std::uint64_t id = 0;
     {
@@ -121,7 +121,7 @@ Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::st
         }
         if (missing.empty()) co_return ok();
         auto n = missing.size();
-        s->waiters.emplace(id, State::Waiter{n, std::move(missing), signal.notifier()});
+        s->waiters.emplace(id, HashState::Waiter{n, std::move(missing), signal.notifier()});
     }
     WaiterGuard guard{s, id};
     const std::error_code ec = co_await signal.wait();
@@ -131,7 +131,7 @@ Task<Result<void>> wait_keys(std::shared_ptr<State> s, const std::vector<std::st
 }
 
 // Waits for `keys` until `deadline` (time_point::max(): forever); a timeout names the keys missing.
-Task<Result<void>> wait_until(std::shared_ptr<State> s, std::vector<std::string> keys, Clock::time_point deadline,
+Task<Result<void>> wait_until(std::shared_ptr<HashState> s, std::vector<std::string> keys, Clock::time_point deadline,
                               Duration total, std::string_view what) {
     Duration left = Duration::zero();  // zero: no limit
     if (deadline != Clock::time_point::max()) {
@@ -153,7 +153,7 @@ Clock::time_point deadline_of(Duration timeout) {
 
 }  // namespace
 
-HashStore::HashStore(Duration timeout) : state_(std::make_shared<State>()) { timeout_ = timeout; }
+HashStore::HashStore(Duration timeout) : state_(std::make_shared<HashState>()) { timeout_ = timeout; }
 
 HashStore::~HashStore() {
     std::lock_guard lock(state_->mu);

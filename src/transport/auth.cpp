@@ -72,34 +72,60 @@ Bytes transcript_bytes(const Transcript& t, ProofBy by) {
     return std::move(w).take();
 }
 
-Result<Proof> handshake_proof(std::string_view key, const Transcript& t, ProofBy by) {
+Result<Proof> handshake_proof(const Secret& key, const Transcript& t, ProofBy by) {
     const Bytes data = transcript_bytes(t, by);
-    return hmac_sha256({reinterpret_cast<const std::uint8_t*>(key.data()), key.size()}, data);
+    return hmac_sha256(key.bytes(), data);
 }
 
-Result<std::string> read_auth_key_file(const std::string& path) {
+namespace {
+/// A buffer wiped when it goes, whatever path leaves read_auth_key_file.
+struct WipedOnExit {
+    std::string bytes;
+    char chunk[4096];
+    WipedOnExit() { bytes.reserve(sizeof chunk); }
+    ~WipedOnExit() {
+        OPENSSL_cleanse(bytes.data(), bytes.capacity());
+        OPENSSL_cleanse(chunk, sizeof chunk);
+    }
+    /// Appends n bytes of chunk, growing `bytes` by hand so that no unwiped copy is left behind.
+    void append(std::size_t n) {
+        if (bytes.size() + n > bytes.capacity()) {
+            std::string bigger;
+            bigger.reserve(2 * (bytes.size() + n));
+            bigger = bytes;
+            OPENSSL_cleanse(bytes.data(), bytes.capacity());
+            bytes.swap(bigger);
+        }
+        bytes.append(chunk, n);
+    }
+};
+}  // namespace
+
+Result<Secret> read_auth_key_file(const std::string& path) {
     std::FILE* f = std::fopen(path.c_str(), "rb");
     if (!f)
         return fail(Errc::invalid_argument, "cannot read the auth key file \"" + path + "\": " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fileno(f), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
         log(LogLevel::warn, "transport", "the auth key file \"" + path + "\" can be read by other users (chmod 600 it)");
-    std::string key;
-    char buf[4096];
+    // (Unbuffered: stdio's own buffer would hold a copy of the key that nothing wipes.)
+    std::setvbuf(f, nullptr, _IONBF, 0);
+    WipedOnExit key;
     std::size_t n = 0;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
-        key.append(buf, n);
-        if (key.size() > kMaxAuthKeyBytes) break;
+    while ((n = std::fread(key.chunk, 1, sizeof key.chunk, f)) > 0) {
+        key.append(n);
+        if (key.bytes.size() > kMaxAuthKeyBytes) break;
     }
     const bool bad = std::ferror(f) != 0;
     std::fclose(f);
     if (bad) return fail(Errc::invalid_argument, "cannot read the auth key file \"" + path + "\"");
-    if (key.size() > kMaxAuthKeyBytes)
+    if (key.bytes.size() > kMaxAuthKeyBytes)
         return fail(Errc::invalid_argument, "the auth key file \"" + path + "\" is larger than " +
                                                 std::to_string(kMaxAuthKeyBytes) + " bytes: is it the right file?");
-    while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
-    if (key.empty()) return fail(Errc::invalid_argument, "the auth key file \"" + path + "\" is empty");
-    return key;
+    std::string_view bytes = key.bytes;
+    while (!bytes.empty() && (bytes.back() == '\n' || bytes.back() == '\r')) bytes.remove_suffix(1);
+    if (bytes.empty()) return fail(Errc::invalid_argument, "the auth key file \"" + path + "\" is empty");
+    return Secret(bytes);
 }
 
 }  // namespace tensorplay::detail

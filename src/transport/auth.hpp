@@ -50,7 +50,7 @@ struct Transcript {
 [[nodiscard]] Bytes transcript_bytes(const Transcript& t, ProofBy by);
 
 /// HMAC-SHA256 under `key` of the transcript for `by`'s proof.
-[[nodiscard]] Result<Proof> handshake_proof(std::string_view key, const Transcript& t, ProofBy by);
+[[nodiscard]] Result<Proof> handshake_proof(const Secret& key, const Transcript& t, ProofBy by);
 
 
 }  // namespace tensorplay::detail

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <tensorplay/core/result.hpp>
+#include <tensorplay/core/secret.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/transport/address.hpp>
@@ -128,7 +129,7 @@ inline constexpr std::size_t kMaxAuthKeyBytes = 64 * 1024;
 
 /// Reads a shared key from `path`: the whole file, less trailing newlines (as `$(cat file)` gives
 /// it). Errc::invalid_argument naming the file (never its bytes) when it cannot be read, is empty
-/// or is larger than kMaxAuthKeyBytes.
-[[nodiscard]] Result<std::string> read_auth_key_file(const std::string& path);
+/// or is larger than kMaxAuthKeyBytes. What it read is wiped from its own buffers.
+[[nodiscard]] Result<Secret> read_auth_key_file(const std::string& path);
 
 }  // namespace tensorplay::detail

@@ -4,7 +4,7 @@
 #include <tensorplay/store/tcp_store.hpp>
 
 #include "rpc/forked.hpp"
-#include "store/alloc_probe.hpp"
+#include "support/alloc_probe.hpp"
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
 

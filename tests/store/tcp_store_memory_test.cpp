@@ -3,7 +3,7 @@
 // Links alloc_probe.cpp, whose operator new counts the live heap of this process (server included).
 #include <tensorplay/store/tcp_store.hpp>
 
-#include "store/alloc_probe.hpp"
+#include "support/alloc_probe.hpp"
 #include "store/raw_store_client.hpp"
 #include "support/deadline.hpp"
 

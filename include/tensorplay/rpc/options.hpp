@@ -3,6 +3,7 @@
 
 #include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
+#include <tensorplay/core/secret.hpp>
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/device_map.hpp>
 #include <tensorplay/rpc/constants.hpp>
@@ -63,8 +64,9 @@ struct TP_API TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// The group's shared secret (any bytes, at most 64 KiB): every connection then proves on both
     /// sides that it holds it, and a worker without it is refused (Errc::unauthorized). Empty: the
     /// file named by auth_key_file or TP_RPC_AUTH_KEY_FILE, else the TP_RPC_AUTH_KEY variable, else
-    /// no authentication. Every worker of a group must use the same key. Never logged.
-    std::string auth_key;
+    /// no authentication. Every worker of a group must use the same key. Never logged; its bytes
+    /// are wiped when the last copy of it (the options', the agent's) goes (Secret).
+    Secret auth_key;
     /// A file holding the shared secret (read at init, trailing newlines dropped), when auth_key
     /// is empty; empty: TP_RPC_AUTH_KEY_FILE. A file that cannot be read fails init.
     std::string auth_key_file;

@@ -5,6 +5,7 @@
 #include <tensorplay/core/bytes.hpp>
 #include <tensorplay/core/export.hpp>
 #include <tensorplay/core/result.hpp>
+#include <tensorplay/core/secret.hpp>
 #include <tensorplay/core/task.hpp>
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/device/device.hpp>
@@ -125,8 +126,9 @@ struct TP_API HelloInfo {
 struct TP_API HandshakeAuth {
     /// The group's shared secret (any bytes); empty: none. With one, both sides prove that they
     /// hold it (HMAC-SHA256 over the handshake, fresh nonces each side); a side without one, or
-    /// with another, is refused with Errc::unauthorized. Never logged nor sent.
-    std::string key;
+    /// with another, is refused with Errc::unauthorized. Never logged nor sent; a copy of it
+    /// (shared, not duplicated) is kept only for the handshake.
+    Secret key;
     /// Accepting side: whether the peer, as it introduced itself (and proved, with a key), may
     /// connect; an error refuses it, and its message is sent to the peer as the reason. Null:
     /// everyone. Called on the connection's executor.

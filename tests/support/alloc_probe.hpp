@@ -1,8 +1,10 @@
-// A replaced global operator new for store tests: counts live heap bytes, throws above a size on request.
+// A replaced global operator new for tests with an executable of their own: counts live heap bytes,
+// throws above a size on request, counts the blocks freed that still hold given bytes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace tensorplay::test::alloc_probe {
 
@@ -19,6 +21,13 @@ public:
     FailAbove(const FailAbove&) = delete;
     FailAbove& operator=(const FailAbove&) = delete;
 };
+
+/// From now on, every block freed through operator delete is searched for `bytes` (at most 64, not
+/// empty) before it goes back to malloc: freed_holding() counts those that still hold them (a
+/// secret that was not wiped). Set it before the threads that allocate start.
+void watch_freed(std::string_view bytes) noexcept;
+/// Blocks freed that held the watched bytes since watch_freed.
+[[nodiscard]] std::size_t freed_holding() noexcept;
 
 /// A field of /proc/self/status ("VmRSS", "VmSize") in bytes; 0 when it cannot be read.
 [[nodiscard]] std::size_t proc_status_bytes(const char* field);

@@ -1,8 +1,9 @@
 // The replaced global operator new/delete of alloc_probe.hpp (one per test executable that links it).
-#include "store/alloc_probe.hpp"
+#include "support/alloc_probe.hpp"
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,9 @@ namespace {
 
 std::atomic<std::size_t> g_live{0};
 std::atomic<std::size_t> g_fail_above{SIZE_MAX};
+char g_watched[64];
+std::atomic<std::size_t> g_watched_size{0};
+std::atomic<std::size_t> g_freed_holding{0};
 
 void* allocate(std::size_t n, std::size_t align) noexcept {
     if (n > g_fail_above.load(std::memory_order_relaxed)) return nullptr;
@@ -31,7 +35,10 @@ void* allocate(std::size_t n, std::size_t align) noexcept {
 
 void release(void* p) noexcept {
     if (!p) return;
-    g_live.fetch_sub(malloc_usable_size(p), std::memory_order_relaxed);
+    const std::size_t usable = malloc_usable_size(p);
+    if (const std::size_t w = g_watched_size.load(std::memory_order_acquire); w > 0 && ::memmem(p, usable, g_watched, w))
+        g_freed_holding.fetch_add(1, std::memory_order_relaxed);
+    g_live.fetch_sub(usable, std::memory_order_relaxed);
     std::free(p);
 }
 
@@ -43,6 +50,15 @@ void* allocate_or_throw(std::size_t n, std::size_t align) {
 }  // namespace
 
 std::size_t live_bytes() noexcept { return g_live.load(std::memory_order_relaxed); }
+
+void watch_freed(std::string_view bytes) noexcept {
+    const std::size_t n = std::min(bytes.size(), sizeof g_watched);
+    std::memcpy(g_watched, bytes.data(), n);
+    g_freed_holding.store(0);
+    g_watched_size.store(n, std::memory_order_release);
+}
+
+std::size_t freed_holding() noexcept { return g_freed_holding.load(); }
 
 FailAbove::FailAbove(std::size_t bytes) noexcept { g_fail_above.store(bytes); }
 FailAbove::~FailAbove() { g_fail_above.store(SIZE_MAX); }
