@@ -478,6 +478,10 @@ NativeAgentTuning bounded_by(NativeAgentTuning t, const RpcBackendOptions* o) {
     t.limits.handshake_timeout = seconds_of(opts.handshake_timeout);
     t.limits.frame_timeout = seconds_of(opts.frame_timeout);
     t.limits.idle_timeout = seconds_of(opts.idle_timeout);
+    // Keep-alives at a third of the shorter of our idle_timeout and the default one, so that a peer
+    // with either (or with none) never finds our live connections idle.
+    const double default_idle = TensorPipeRpcBackendOptions().idle_timeout;
+    t.limits.keepalive_interval = seconds_of((opts.idle_timeout > 0 ? std::min(opts.idle_timeout, default_idle) : default_idle) / 3);
     t.receive_budget_bytes = opts.receive_budget_bytes;
     t.max_inbound_connections = opts.max_inbound_connections;
     return t;

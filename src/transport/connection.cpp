@@ -335,17 +335,26 @@ std::string seconds_of(Duration d) {
     return buf;
 }
 
+/// The shortest of the durations that are set (> 0); zero when none is.
+Duration shortest_set(std::initializer_list<Duration> ds) {
+    Duration best{0};
+    for (const Duration d : ds)
+        if (d > Duration::zero() && (best == Duration::zero() || d < best)) best = d;
+    return best;
+}
+
 /// Closes a connection whose frame has not arrived whole within limits.frame_timeout, or that
-/// received nothing for limits.idle_timeout. One tick per period (the shorter timeout) instead
-/// of a timer per frame, which would cost a timerfd_settime system call on every frame: a
-/// condition that held at two ticks in a row has lasted at least one period.
+/// received nothing for limits.idle_timeout; sends a keep-alive when nothing was sent for
+/// limits.keepalive_interval. One tick per period (the shortest of them) instead of a timer per
+/// frame, which would cost a timerfd_settime system call on every frame: a condition that held at
+/// two ticks in a row has lasted at least one period.
 Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
-    const Duration frame_t = s->limits.frame_timeout, idle_t = s->limits.idle_timeout;
-    const Duration period = frame_t > Duration::zero() && (idle_t <= Duration::zero() || frame_t < idle_t) ? frame_t : idle_t;
+    const Duration frame_t = s->limits.frame_timeout, idle_t = s->limits.idle_timeout, keep_t = s->limits.keepalive_interval;
+    const Duration period = shortest_set({frame_t, idle_t, keep_t});
     co_await asio::this_coro::throw_if_cancelled(false);  // (ends by `open`, as the writer)
-    std::uint64_t frames = s->stats.frames_received, reads = s->stats.reads;
+    std::uint64_t frames = s->stats.frames_received, reads = s->stats.reads, sent = s->stats.frames_sent;
     bool was_partial = false;
-    Duration partial_for{0}, idle_for{0};
+    Duration partial_for{0}, idle_for{0}, quiet_for{0};
     while (s->open) {
         s->watchdog.expires_after(period);
         auto [ec] = co_await s->watchdog.async_wait(use_nothrow);
@@ -355,8 +364,15 @@ Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
         partial_for = partial && was_partial && s->stats.frames_received == frames ? partial_for + period : Duration::zero();
         idle_for = !partial && s->stats.reads == reads ? idle_for + period : Duration::zero();
         was_partial = partial;
+        quiet_for = s->stats.frames_sent == sent ? quiet_for + period : Duration::zero();
         frames = s->stats.frames_received;
         reads = s->stats.reads;
+        sent = s->stats.frames_sent;
+        if (keep_t > Duration::zero() && quiet_for >= keep_t) {
+            quiet_for = Duration::zero();
+            ++s->stats.keepalives_sent;
+            (void)s->queue_frame(OutFrame{encode_keepalive(), {}, {}, {}}, true);  // (closed: nothing to keep alive)
+        }
         if (frame_t > Duration::zero() && partial_for >= frame_t) {
             s->close(Error(Errc::timeout,
                            "closed the connection to " + s->who() + ": a frame from it did not arrive whole within " +
@@ -374,7 +390,7 @@ Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
 void start_connection(const std::shared_ptr<ConnectionState>& s) {
     s->rbuf.grow(kReadBufferSize, s->rbeg, s->rend);
     (void)s->tasks.spawn(writer_loop(s), "connection writer");
-    if (s->limits.frame_timeout > Duration::zero() || s->limits.idle_timeout > Duration::zero())
+    if (shortest_set({s->limits.frame_timeout, s->limits.idle_timeout, s->limits.keepalive_interval}) > Duration::zero())
         (void)s->tasks.spawn(watchdog_loop(s), "connection watchdog");
 }
 

@@ -133,45 +133,53 @@ Task<Result<void>> ConnectionState::read_sunk(ByteSink& sink, std::size_t n, std
 /// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
 /// read_general's path.
 ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<Error>& err) {
-    // (Looked at here first: a call per frame costs every round trip some 50 instructions.)
-    if (rend - rbeg >= kFrameHeaderSize + kReleaseMetaLen && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control) &&
-        !take_buffered_releases(err))
-        return Parse::bad;
-    const std::size_t avail = rend - rbeg;
-    std::size_t need = kFrameHeaderSize;
-    if (avail >= kFrameHeaderSize) {
-        const std::uint8_t* p = rbuf.data() + rbeg;
-        FrameHeader h;
-        if (!peek_frame_header(p, limits, h)) {
-            auto bad = decode_frame_header({p, kFrameHeaderSize}, limits);  // (fails: says why)
-            err = broken(std::move(bad).error().context("frame from " + who()).on_worker(peer.name));
+    for (;;) {  // (a keep-alive is dropped and the next frame parsed: `continue`)
+        // (Looked at here first: a call per frame costs every round trip some 50 instructions.)
+        if (rend - rbeg >= kFrameHeaderSize + kReleaseMetaLen &&
+            rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control) && !take_buffered_releases(err))
             return Parse::bad;
+        const std::size_t avail = rend - rbeg;
+        std::size_t need = kFrameHeaderSize;
+        if (avail >= kFrameHeaderSize) {
+            const std::uint8_t* p = rbuf.data() + rbeg;
+            FrameHeader h;
+            if (!peek_frame_header(p, limits, h)) {
+                auto bad = decode_frame_header({p, kFrameHeaderSize}, limits);  // (fails: says why)
+                err = broken(std::move(bad).error().context("frame from " + who()).on_worker(peer.name));
+                return Parse::bad;
+            }
+            const std::uint64_t body = std::uint64_t(h.meta_len) + h.payload_len;
+            if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
+            need += body;
+            if (avail >= need) {
+                const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
+                // Tensors, or malformed metadata: read_general decodes it and says which.
+                // (A whole release here has a bad block, and a control frame with an empty name is
+                // not a release: read_general says so.)
+                if (h.flags != 0 || !decode_small_meta(meta, limits, f.name) || (h.kind == FrameKind::control && f.name.empty()))
+                    return Parse::general;
+                f.kind = h.kind;
+                f.id = h.id;
+                f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
+                rbeg += need;
+                if (rbeg == rend) rbeg = rend = 0;
+                ++stats.frames_received;
+                // A keep-alive only shows the peer is there (the read that brought it counts for
+                // idle_timeout): dropped here, the next frame parsed instead.
+                if (h.kind == FrameKind::control && f.name == kKeepAliveName) [[unlikely]] {
+                    ++stats.keepalives_received;
+                    continue;
+                }
+                return Parse::frame;
+            }
         }
-        const std::uint64_t body = std::uint64_t(h.meta_len) + h.payload_len;
-        if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
-        need += body;
-        if (avail >= need) {
-            const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
-            // Tensors, or malformed metadata: read_general decodes it and says which.
-            // (A whole release here has a bad block, and a control frame with an empty name is
-            // not a release: read_general says so.)
-            if (h.flags != 0 || !decode_small_meta(meta, limits, f.name) || (h.kind == FrameKind::control && f.name.empty()))
-                return Parse::general;
-            f.kind = h.kind;
-            f.id = h.id;
-            f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
-            rbeg += need;
-            if (rbeg == rend) rbeg = rend = 0;
-            ++stats.frames_received;
-            return Parse::frame;
+        if (rbuf.size() - rbeg < need) {  // make room for the whole frame
+            std::memmove(rbuf.data(), rbuf.data() + rbeg, avail);
+            rend = avail;
+            rbeg = 0;
         }
+        return Parse::more;
     }
-    if (rbuf.size() - rbeg < need) {  // make room for the whole frame
-        std::memmove(rbuf.data(), rbuf.data() + rbeg, avail);
-        rend = avail;
-        rbeg = 0;
-    }
-    return Parse::more;
 }
 
 bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {

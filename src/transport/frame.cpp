@@ -118,6 +118,15 @@ Bytes encode_release(std::uint64_t hold) {
     return out;
 }
 
+Bytes encode_keepalive() {
+    Bytes out;
+    bool inlined = false;
+    const FrameParts parts{FrameKind::control, 0, kKeepAliveName, {}, {}, {}, 0, {}, {}, {}};
+    // (Cannot fail: no tensors, a short name, an empty payload, under any limits.)
+    (void)encode_frame_head(parts, ConnectionLimits{}, out, inlined);
+    return out;
+}
+
 namespace {
 /// A head's kind and flags together: requests, responses and errors may go by reference; a
 /// control frame never does, and one with an empty name (cma's release: 8 bytes of metadata) has

@@ -84,6 +84,12 @@ struct FrameParts {
 /// A release frame (kReleaseFrame) for `hold`.
 [[nodiscard]] Bytes encode_release(std::uint64_t hold);
 
+/// The name of the keep-alive control frame (ConnectionLimits::keepalive_interval): no payload;
+/// the receiving connection drops it.
+inline constexpr std::string_view kKeepAliveName = "keepalive";
+/// A keep-alive frame, whole.
+[[nodiscard]] Bytes encode_keepalive();
+
 /// How a hello's sender authenticates (docs/protocol.md, "Handshake").
 enum class HelloAuth : std::uint8_t {
     none = 0,         ///< no shared key

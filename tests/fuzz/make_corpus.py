@@ -53,12 +53,12 @@ write("frame_meta", {
     "empty_dims": meta("", [tensor(5, CPU, CPU, [0, 5], 0), tensor(0, CPU, CPU, [1, 1, 1, 7], 7)]),
 })
 
-# ---- handshake (docs/protocol.md, "Handshake", version 5): u32 magic "TRPC", u16 version, u16 flags,
+# ---- handshake (docs/protocol.md, "Handshake", version 6): u32 magic "TRPC", u16 version, u16 flags,
 # u32 body_len; body: str32 name, i32 rank, u32 n transport offers {str32 name, domain, address},
 # u32 n channel offers {str32 name, device type, domain, params}, u8 auth [32-byte nonce], u8 step
 # [str32 reason | 32-byte proof], u8 answer flag [str32 transport, str32 address, u32 n
 # {str32 client device type, str32 server device type, str32 channel}]
-def hello(name, rank, transports, channels, version=5, auth=False, step=0, reason="", answer=None):
+def hello(name, rank, transports, channels, version=6, auth=False, step=0, reason="", answer=None):
     body = str32(name) + i32(rank) + u32(len(transports))
     body += b"".join(str32(n) + str32(d) + str32(a) for n, d, a in transports)
     body += u32(len(channels)) + b"".join(str32(c[0]) + str32(c[1]) + str32(c[2]) + str32(c[3] if len(c) > 3 else "")

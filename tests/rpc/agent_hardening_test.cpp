@@ -382,6 +382,36 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
     });
 }
 
+TEST_CASE("quiet live peers stay connected past idle_timeout (keep-alives); a silent socket is let go", "[rpc][agent][fault]") {
+    test::run_with_deadline(30s, [&]() -> Task<void> {
+        const test::Configure short_idle = [](int, TensorPipeRpcBackendOptions& o) { o.idle_timeout = 0.3; };
+        const detail::NativeAgentTuning tuning;
+        auto g = co_await make_tuned_group(2, tuning, short_idle);
+        test::register_echo(g);
+        for (int from = 0; from < 2; ++from) {  // (a connection each way)
+            auto r = co_await g[from]->rpc_async(test::worker_name(1 - from), "echo", test::text_message("before"));
+            REQUIRE(r);
+        }
+        co_await test::sleep_for(1500ms);  // five idle timeouts without a call
+        for (int from = 0; from < 2; ++from) {
+            auto info = co_await g[from]->get_debug_info();
+            REQUIRE(info);
+            REQUIRE(info->peers.size() == 1);
+            CHECK(info->peers[0].rank == 1 - from);
+            CHECK(info->peers[0].connected);  // (an idle close would have dropped it)
+            CHECK(info->peers[0].calls_failed == 0);
+            auto r = co_await g[from]->rpc_async(test::worker_name(1 - from), "echo", test::text_message("after"));
+            REQUIRE(r);
+        }
+        // A handshaken socket that then says nothing (no keep-alives) is closed.
+        auto silent = co_await raw_handshaken(g[1]->listen_address());
+        const auto t0 = Clock::now();
+        (void)co_await test::raw_closed_by_peer(silent);
+        CHECK(Clock::now() - t0 < 3s);
+        co_await test::shutdown_all(g, false);
+    });
+}
+
 namespace {
 /// A message with one CPU tensor of `n` bytes.
 Message with_tensor_of(std::int64_t n) {

@@ -82,7 +82,7 @@ TEST_CASE("the connection bounds are options with their defaults, and validate r
     CHECK(o.receive_budget_bytes == std::size_t(16) << 30);
     CHECK(o.handshake_timeout == 10);
     CHECK(o.frame_timeout == 120);
-    CHECK(o.idle_timeout == 0);
+    CHECK(o.idle_timeout == 600);
     CHECK(o.max_inbound_connections == 4096);
     using Set = std::function<void(TensorPipeRpcBackendOptions&)>;
     const std::vector<std::pair<std::string, Set>> bad{

@@ -336,4 +336,56 @@ TEST_CASE("streams: an idle timeout closes a silent connection", "[transport][st
     });
 }
 
+TEST_CASE("streams: keep-alives hold a quiet connection open past the peer's idle timeout, and are never handed on",
+          "[transport][stream][fault]") {
+    const std::string transport = any_stream();
+    INFO("over " << transport);
+    test::run_with_deadline(10s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        ConnectionLimits limits;
+        limits.idle_timeout = 300ms;
+        limits.keepalive_interval = 60ms;
+        auto p = co_await test::make_pair_over(transport, limits);
+        // The server reads by dispatch (the agent's way), the client by receive().
+        test::SinkEvents events(ex);
+        auto sink = std::make_shared<RecordingSink>(events);
+        tensorplay::detail::dispatch_to(*p.server, sink);
+        std::optional<Result<Frame>> at_client;
+        asio::co_spawn(ex, p.client->receive(), [&](std::exception_ptr, Result<Frame> r) { at_client = std::move(r); });
+        co_await test::sleep_for(1200ms);  // four of the idle timeouts, with no frame of ours either way
+        CHECK(sink->got.empty());
+        CHECK(sink->closed == 0);
+        CHECK_FALSE(at_client.has_value());
+        CHECK(p.client->stats().keepalives_sent >= 3);
+        CHECK(p.server->stats().keepalives_received >= 3);
+        CHECK(p.server->stats().keepalives_sent >= 3);
+        CHECK(p.client->stats().keepalives_received >= 3);
+        REQUIRE(p.client->send(test::request(7, "after", bytes("quiet")), true));
+        REQUIRE(p.server->send(test::request(8, "back", bytes("quiet")), true));
+        co_await events.until([&] { return !sink->got.empty(); });
+        CHECK(sink->got[0].id == 7);
+        CHECK(sink->got[0].name == "after");
+        while (!at_client) co_await test::sleep_for(5ms);
+        REQUIRE(*at_client);
+        CHECK((*at_client)->id == 8);
+        p.client->close();
+        co_await events.until([&] { return sink->closed > 0; });
+    });
+}
+
+TEST_CASE("streams: without keep-alives from its peer, a quiet connection closes at the idle timeout",
+          "[transport][stream][fault]") {
+    const std::string transport = any_stream();
+    INFO("over " << transport);
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        ConnectionLimits limits;
+        limits.idle_timeout = 300ms;  // both sides; neither sends keep-alives
+        auto p = co_await test::make_pair_over(transport, limits);
+        auto r = co_await p.server->receive();
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == Errc::timeout);
+        CHECK(p.server->stats().keepalives_received == 0);
+    });
+}
+
 }  // namespace tp_stream_conformance_test

@@ -86,9 +86,11 @@ struct TP_API TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Seconds a frame whose first bytes arrived may take to arrive whole (a slow or stalled
     /// sender's connection closes); 0: no bound. 120.
     double frame_timeout = 120;
-    /// Seconds a connection may receive nothing before it closes; 0 (default): never. A peer's
-    /// request racing such a close is lost: set it well above the longest quiet spell.
-    double idle_timeout = 0;
+    /// Seconds a connection may receive nothing before it closes (a peer that went silent without
+    /// closing: a hung host, a half-open socket): 600 by default; 0: never. Agents send a
+    /// keep-alive on a connection that was quiet for a third of this (of 600 s at most), so live
+    /// peers are never cut; every worker of a group should use the same value.
+    double idle_timeout = 600;
     /// Inbound connections held at once (handshaking or serving); beyond it new ones are closed at
     /// once: 4096.
     std::size_t max_inbound_connections = 4096;

@@ -32,7 +32,7 @@ namespace tensorplay {
 /// carry parameters and frames may leave tensor bytes to the cma channel; 3 negotiated transport
 /// and channels; 2 added authentication; other versions are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 5;
+inline constexpr std::uint16_t kProtocolVersion = 6;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
@@ -74,6 +74,10 @@ struct TP_API ConnectionLimits {
     /// A connection that receives nothing for this long closes with Errc::timeout (between once
     /// and twice it). 0 (default): never; a peer's request racing such a close would be lost.
     Duration idle_timeout{0};
+    /// When nothing was sent for this long, a keep-alive goes out (a control frame that the peer's
+    /// connection drops), so that a live connection does not trip the peer's idle_timeout. Set it
+    /// to well under the peer's idle_timeout (the agent: a third of it). 0 (default): none.
+    Duration keepalive_interval{0};
 };
 
 /// A transport a side offers in its hello (docs/protocol.md, "Negotiation").
@@ -189,6 +193,8 @@ struct ConnectionStats {
     std::uint64_t cma_sent = 0;        ///< tensors sent by reference (the peer read them by cma)
     std::uint64_t cma_received = 0;    ///< tensors read from the peer's memory by cma
     std::uint64_t cma_held = 0;        ///< frames sent by reference whose tensors the peer has not released yet
+    std::uint64_t keepalives_sent = 0;      ///< ConnectionLimits::keepalive_interval's frames
+    std::uint64_t keepalives_received = 0;  ///< the peer's keep-alives (dropped, never handed on)
 };
 
 namespace detail {
