@@ -224,6 +224,14 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_rpc_with_store(std::shared_ptr<Stor
     co_return result;
 }
 
+namespace {
+/// The store server options of `o` (TensorPipeRpcBackendOptions::hosted_store), else the defaults.
+TcpStoreServerOptions hosted_store_of(const RpcBackendOptions* o) {
+    if (const auto* tp = dynamic_cast<const TensorPipeRpcBackendOptions*>(o)) return tp->hosted_store;
+    return TcpStoreServerOptions();
+}
+}  // namespace
+
 Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef backend, int rank, int world_size,
                                                  std::shared_ptr<RpcBackendOptions> options) {
     const std::string what = "init_rpc as \"" + name + "\"";
@@ -236,7 +244,8 @@ Task<Result<std::shared_ptr<RpcAgent>>> init_rpc(std::string name, BackendRef ba
     const Duration init_timeout = std::isfinite(t) && t > 0
                                       ? std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t))
                                       : Store::kDefaultTimeout;
-    auto rv = co_await rendezvous(options->init_method, rank, world_size, init_timeout);
+    const TcpStoreServerOptions hosted = hosted_store_of(options.get());
+    auto rv = co_await rendezvous(options->init_method, rank, world_size, init_timeout, hosted);
     if (!rv) co_return fail(std::move(rv).error().context(what));
     auto ex = co_await asio::this_coro::executor;
     auto agent = co_await init_backend(backend, BackendInitArgs(rv->store, name, rv->rank, rv->world_size, options));

@@ -421,7 +421,7 @@ Task<void> linger(TcpStoreServer& server, Store& store, int expected) {
     }
 }
 
-Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url) {
+Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url, TcpStoreServerOptions hosted) {
     auto ex = co_await asio::this_coro::executor;
     Rendezvous out;
     out.rank = t.rank;
@@ -434,8 +434,8 @@ Task<Result<Rendezvous>> connect_tcp(Target t, Duration timeout, std::string url
     client.world_size = t.world_size;
     client.wait_for_workers = false;
     if (hosts) {
-        TcpStoreServerOptions so;
-        so.port = std::uint16_t(t.port);  // all interfaces, as torch's master
+        TcpStoreServerOptions so = std::move(hosted);  // (host "" by default: all interfaces, as torch's master)
+        so.port = std::uint16_t(t.port);
         auto server = TcpStoreServer::start(ex, so);
         if (!server) co_return fail(std::move(server).error().context("rendezvous " + url + ": hosting the store"));
         out.server = *server;
@@ -478,6 +478,11 @@ Task<Result<void>> join_world(Store& store, int rank, int world_size, Duration t
 }
 
 Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size, Duration timeout) {
+    return rendezvous(std::move(init_method), rank, world_size, timeout, TcpStoreServerOptions());
+}
+
+Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size, Duration timeout,
+                                    TcpStoreServerOptions hosted) {
     auto target = parse(init_method, rank, world_size);
     if (!target) co_return fail(target.error());
     if (target->scheme == "file") {
@@ -495,7 +500,8 @@ Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world
             co_return fail(std::move(j).error().context("rendezvous " + init_method));
         co_return out;
     }
-    co_return co_await connect_tcp(std::move(*target), timeout, init_method);
+    auto connecting = connect_tcp(std::move(*target), timeout, init_method, std::move(hosted));
+    co_return co_await std::move(connecting);
 }
 
 }  // namespace tensorplay

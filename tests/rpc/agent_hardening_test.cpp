@@ -384,7 +384,7 @@ TEST_CASE("the agent closes a silent socket after the handshake timeout and a sl
 
 TEST_CASE("quiet live peers stay connected past idle_timeout (keep-alives); a silent socket is let go", "[rpc][agent][fault]") {
     test::run_with_deadline(30s, [&]() -> Task<void> {
-        const test::Configure short_idle = [](int, TensorPipeRpcBackendOptions& o) { o.idle_timeout = 0.3; };
+        const test::Configure short_idle = [](int, TensorPipeRpcBackendOptions& o) { o.idle_timeout = 0.6; };
         const detail::NativeAgentTuning tuning;
         auto g = co_await make_tuned_group(2, tuning, short_idle);
         test::register_echo(g);
@@ -392,7 +392,7 @@ TEST_CASE("quiet live peers stay connected past idle_timeout (keep-alives); a si
             auto r = co_await g[from]->rpc_async(test::worker_name(1 - from), "echo", test::text_message("before"));
             REQUIRE(r);
         }
-        co_await test::sleep_for(1500ms);  // five idle timeouts without a call
+        co_await test::sleep_for(2500ms);  // four idle timeouts without a call
         for (int from = 0; from < 2; ++from) {
             auto info = co_await g[from]->get_debug_info();
             REQUIRE(info);

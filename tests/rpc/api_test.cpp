@@ -5,9 +5,11 @@
 
 #include "rpc/fake_agent.hpp"
 #include "support/deadline.hpp"
+#include "support/processes.hpp"
 
 #include <tensorplay/core/runtime.hpp>
 #include <tensorplay/store/hash_store.hpp>
+#include <tensorplay/store/tcp_store.hpp>
 
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
@@ -193,6 +195,36 @@ TEST_CASE("init_rpc rendezvouses over tcp:// and a real agent answers typed call
         auto down = co_await shutdown();
         REQUIRE(down);
         CHECK(default_agent() == nullptr);
+    });
+}
+
+TEST_CASE("init_rpc starts the store it hosts with the options' hosted_store limits", "[rpc][api]") {
+    ClearDefault clear;
+    Runtime rt;
+    test::run_with_deadline_on(rt.get_executor(), 20s, [&]() -> Task<void> {
+        const std::uint16_t port = test::free_port();
+        auto options = std::make_shared<TensorPipeRpcBackendOptions>();
+        options->init_method = "tcp://127.0.0.1:" + std::to_string(port);
+        options->listen_address = "127.0.0.1";
+        options->hosted_store.max_value_size = 1024;
+        auto agent = co_await init_rpc("solo", BackendType::tensorpipe(), 0, 1, options);
+        REQUIRE(agent);
+        TcpStoreOptions o;
+        o.host = "127.0.0.1";
+        o.port = port;
+        o.timeout = 5s;
+        auto client = co_await TcpStore::connect(co_await asio::this_coro::executor, o);
+        REQUIRE(client);
+        const Bytes fits(1024, 2);
+        auto small = co_await (*client)->set("fits", fits);
+        CHECK(small);
+        const Bytes over(1025, 2);
+        (void)co_await (*client)->set("over", over);  // (SET has no reply: the server closes this connection)
+        const std::vector<std::string> keys(1, "over");
+        auto stored = co_await (*client)->check(keys);  // the connection is gone, or the key is not there
+        CHECK_FALSE((stored && *stored));
+        auto down = co_await shutdown();
+        REQUIRE(down);
     });
 }
 

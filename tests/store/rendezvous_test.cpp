@@ -215,6 +215,24 @@ TEST_CASE("tcp:// rendezvous: rank 0 hosts on an ephemeral port, the others join
     });
 }
 
+TEST_CASE("the store rank 0 hosts takes the limits it is given", "[store]") {
+    run_with_deadline(10s, []() -> Task<void> {
+        TcpStoreServerOptions hosted;
+        hosted.max_value_size = 1024;
+        auto host = co_await rendezvous("tcp://127.0.0.1:0", 0, 1, 5s, hosted);
+        CO_REQUIRE(host);
+        REQUIRE(host->server);
+        const Bytes fits(1024, 1);
+        auto small = co_await host->store->set("fits", fits);
+        CO_REQUIRE(small);
+        const Bytes over(1025, 1);
+        (void)co_await host->store->set("over", over);  // (SET has no reply: the server closes the connection that sent it)
+        const std::vector<std::string> keys(1, "over");
+        auto stored = co_await host->store->check(keys);  // the connection is gone, or the key is not there
+        REQUIRE_FALSE((stored && *stored));
+    });
+}
+
 TEST_CASE("tcp:// rendezvous on a fixed port: rank 0 waits for the world to connect", "[store]") {
     run_with_deadline(15s, []() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;

@@ -343,8 +343,8 @@ TEST_CASE("streams: keep-alives hold a quiet connection open past the peer's idl
     test::run_with_deadline(10s, [&]() -> Task<void> {
         auto ex = co_await asio::this_coro::executor;
         ConnectionLimits limits;
-        limits.idle_timeout = 300ms;
-        limits.keepalive_interval = 60ms;
+        limits.idle_timeout = 500ms;
+        limits.keepalive_interval = 80ms;
         auto p = co_await test::make_pair_over(transport, limits);
         // The server reads by dispatch (the agent's way), the client by receive().
         test::SinkEvents events(ex);
@@ -352,7 +352,7 @@ TEST_CASE("streams: keep-alives hold a quiet connection open past the peer's idl
         tensorplay::detail::dispatch_to(*p.server, sink);
         std::optional<Result<Frame>> at_client;
         asio::co_spawn(ex, p.client->receive(), [&](std::exception_ptr, Result<Frame> r) { at_client = std::move(r); });
-        co_await test::sleep_for(1200ms);  // four of the idle timeouts, with no frame of ours either way
+        co_await test::sleep_for(2000ms);  // four of the idle timeouts, with no frame of ours either way
         CHECK(sink->got.empty());
         CHECK(sink->closed == 0);
         CHECK_FALSE(at_client.has_value());
@@ -378,13 +378,22 @@ TEST_CASE("streams: without keep-alives from its peer, a quiet connection closes
     const std::string transport = any_stream();
     INFO("over " << transport);
     test::run_with_deadline(5s, [&]() -> Task<void> {
+        using namespace tensorplay::detail::awaitable_ops;
+        // Only the server has the idle timeout (the client's own would race it); neither sends keep-alives.
         ConnectionLimits limits;
-        limits.idle_timeout = 300ms;  // both sides; neither sends keep-alives
-        auto p = co_await test::make_pair_over(transport, limits);
-        auto r = co_await p.server->receive();
+        limits.idle_timeout = 300ms;
+        auto l = co_await test::listen_over(transport);
+        auto accepting = test::accept_over(*l, test::hello_over("server", 1, transport), limits);
+        const ConnectionLimits client_limits;
+        auto connecting = Connection::connect(l->address(), test::hello_over("client", 0, transport), client_limits,
+                                              HandshakeAuth{});
+        auto [server, client] = co_await (std::move(accepting) && std::move(connecting));
+        REQUIRE(server);
+        REQUIRE(client);
+        auto r = co_await (*server)->receive();
         REQUIRE_FALSE(r);
         CHECK(r.error().code() == Errc::timeout);
-        CHECK(p.server->stats().keepalives_received == 0);
+        CHECK((*server)->stats().keepalives_received == 0);
     });
 }
 

@@ -7,6 +7,7 @@
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/device_map.hpp>
 #include <tensorplay/rpc/constants.hpp>
+#include <tensorplay/store/tcp_store.hpp>
 
 #include <cstddef>
 #include <optional>
@@ -94,6 +95,11 @@ struct TP_API TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// Inbound connections held at once (handshaking or serving); beyond it new ones are closed at
     /// once: 4096.
     std::size_t max_inbound_connections = 4096;
+    /// The store server this worker starts when it hosts the rendezvous store (rank 0 of tcp://,
+    /// or of env:// without a launcher's store): its limits (TcpStoreServerOptions' defaults:
+    /// values of 64 MiB, 4 GiB stored, 16,384 connections, ...) and bind host; the port comes
+    /// from the init method. init_rpc reads it.
+    TcpStoreServerOptions hosted_store;
 
     TensorPipeRpcBackendOptions() = default;
     TensorPipeRpcBackendOptions(double rpc_timeout, std::string init_method,

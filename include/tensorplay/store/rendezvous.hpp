@@ -3,13 +3,12 @@
 
 #include <tensorplay/core/export.hpp>
 #include <tensorplay/store/store.hpp>
+#include <tensorplay/store/tcp_store.hpp>
 
 #include <memory>
 #include <string>
 
 namespace tensorplay {
-
-class TcpStoreServer;
 
 /// What rendezvous() gives: the store every rank shares, and the server when this rank hosts it.
 struct Rendezvous {
@@ -45,6 +44,10 @@ struct Rendezvous {
 /// errors (protocol_error for a listener that is not a store, connection_lost) with the URL as context.
 [[nodiscard]] TP_API Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size,
                                                   Duration timeout = Store::kDefaultTimeout);
+/// rendezvous(), whose rank, when it hosts the store, starts the server with `hosted`: its limits
+/// and bind host (the port comes from the init method).
+[[nodiscard]] TP_API Task<Result<Rendezvous>> rendezvous(std::string init_method, int rank, int world_size, Duration timeout,
+                                                  TcpStoreServerOptions hosted);
 
 /// The join every rendezvous ends with, for a store made otherwise (e.g. before
 /// init_rpc_with_store): publishes this rank's world size under "tp/rdzv/", waits up to `timeout`
