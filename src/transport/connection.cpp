@@ -335,12 +335,19 @@ std::string seconds_of(Duration d) {
     return buf;
 }
 
-/// The shortest of the durations that are set (> 0); zero when none is.
-Duration shortest_set(std::initializer_list<Duration> ds) {
+/// The watchdog's tick: the shortest of the frame and idle timeouts and the keep-alive interval
+/// that are set (> 0); zero when none is (no watchdog).
+Duration watchdog_period(const ConnectionLimits& l) {
     Duration best{0};
-    for (const Duration d : ds)
+    for (const Duration d : {l.frame_timeout, l.idle_timeout, l.keepalive_interval})
         if (d > Duration::zero() && (best == Duration::zero() || d < best)) best = d;
     return best;
+}
+
+/// Queues a keep-alive, flushed (a closed connection has nothing to keep alive).
+void send_keepalive(ConnectionState& s) {
+    ++s.stats.keepalives_sent;
+    (void)s.queue_frame(OutFrame{encode_keepalive(), {}, {}, {}}, true);
 }
 
 /// Closes a connection whose frame has not arrived whole within limits.frame_timeout, or that
@@ -350,7 +357,7 @@ Duration shortest_set(std::initializer_list<Duration> ds) {
 /// two ticks in a row has lasted at least one period.
 Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
     const Duration frame_t = s->limits.frame_timeout, idle_t = s->limits.idle_timeout, keep_t = s->limits.keepalive_interval;
-    const Duration period = shortest_set({frame_t, idle_t, keep_t});
+    const Duration period = watchdog_period(s->limits);
     co_await asio::this_coro::throw_if_cancelled(false);  // (ends by `open`, as the writer)
     std::uint64_t frames = s->stats.frames_received, reads = s->stats.reads, sent = s->stats.frames_sent;
     bool was_partial = false;
@@ -370,8 +377,7 @@ Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
         sent = s->stats.frames_sent;
         if (keep_t > Duration::zero() && quiet_for >= keep_t) {
             quiet_for = Duration::zero();
-            ++s->stats.keepalives_sent;
-            (void)s->queue_frame(OutFrame{encode_keepalive(), {}, {}, {}}, true);  // (closed: nothing to keep alive)
+            send_keepalive(*s);
         }
         if (frame_t > Duration::zero() && partial_for >= frame_t) {
             s->close(Error(Errc::timeout,
@@ -390,7 +396,7 @@ Task<void> watchdog_loop(std::shared_ptr<ConnectionState> s) {
 void start_connection(const std::shared_ptr<ConnectionState>& s) {
     s->rbuf.grow(kReadBufferSize, s->rbeg, s->rend);
     (void)s->tasks.spawn(writer_loop(s), "connection writer");
-    if (shortest_set({s->limits.frame_timeout, s->limits.idle_timeout, s->limits.keepalive_interval}) > Duration::zero())
+    if (watchdog_period(s->limits) > Duration::zero())
         (void)s->tasks.spawn(watchdog_loop(s), "connection watchdog");
 }
 
