@@ -82,21 +82,12 @@ namespace {
 struct WipedOnExit {
     std::string bytes;
     char chunk[4096];
-    WipedOnExit() { bytes.reserve(sizeof chunk); }
+    // (Room for the largest key and one chunk more, which the read loop never passes: `bytes`
+    // never reallocates, so no unwiped copy of it is left behind.)
+    WipedOnExit() { bytes.reserve(kMaxAuthKeyBytes + sizeof chunk); }
     ~WipedOnExit() {
         OPENSSL_cleanse(bytes.data(), bytes.capacity());
         OPENSSL_cleanse(chunk, sizeof chunk);
-    }
-    /// Appends n bytes of chunk, growing `bytes` by hand so that no unwiped copy is left behind.
-    void append(std::size_t n) {
-        if (bytes.size() + n > bytes.capacity()) {
-            std::string bigger;
-            bigger.reserve(2 * (bytes.size() + n));
-            bigger = bytes;
-            OPENSSL_cleanse(bytes.data(), bytes.capacity());
-            bytes.swap(bigger);
-        }
-        bytes.append(chunk, n);
     }
 };
 }  // namespace
@@ -113,7 +104,7 @@ Result<Secret> read_auth_key_file(const std::string& path) {
     WipedOnExit key;
     std::size_t n = 0;
     while ((n = std::fread(key.chunk, 1, sizeof key.chunk, f)) > 0) {
-        key.append(n);
+        key.bytes.append(key.chunk, n);
         if (key.bytes.size() > kMaxAuthKeyBytes) break;
     }
     const bool bad = std::ferror(f) != 0;
