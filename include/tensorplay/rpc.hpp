@@ -29,6 +29,7 @@
 
 #include <tensorplay/transport/address.hpp>
 #include <tensorplay/transport/connection.hpp>
+#include <tensorplay/transport/listener.hpp>
 
 #include <tensorplay/rpc/agent.hpp>
 #include <tensorplay/rpc/api.hpp>

@@ -32,7 +32,7 @@ Result<void> Endpoint::listen(Executor ex, const std::optional<std::vector<std::
         auto l = t->listen(ex, spec);
         if (!l) return fail(std::move(l).error().context("listening for transport \"" + std::string(t->name()) + "\""));
         const Address& a = (*l)->address();
-        if (a.kind == Address::Kind::tcp && host_.empty()) {
+        if (a.transport() == "uv" && host_.empty()) {
             host_ = a.host;
             port_ = a.port;
         }

@@ -287,12 +287,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A call whose message has device tensors: they are prepared by the device channels (which
     /// may wait for copies to host memory), then the call goes on as call() with them.
     [[nodiscard]] Task<Result<Message>> call_device(std::string to, std::string handler, Message message, double timeout_sec);
-    /// Lands a received frame's device tensors (device_channels->land) into `streams`: now, or
+    /// Lands a received frame's device tensors (device_channels->land; `refs`: those by cuda_ipc) into `streams`: now, or
     /// later (the frame was taken, and goes to `later` once its tensors are queued), or failed
     /// (the error is in frame.alloc_error; a protocol error closes `conn`).
     enum class Landing { now, later, failed };
-    Landing land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, std::vector<tensorplay::Stream>& streams,
-                                DeviceChannels::Deliver later);
+    Landing land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
+                                std::vector<tensorplay::Stream>& streams, DeviceChannels::Deliver later);
     /// A control frame from `conn`'s peer, for the device channels (DeviceChannels::notice); a bad
     /// one, or one for channels this worker lacks, closes `conn`.
     void control_frame(const std::shared_ptr<Connection>& conn, std::string_view name, std::span<const std::uint8_t> payload);

@@ -82,6 +82,17 @@ public:
     }
 
     void on_frame(Frame&& f) override {
+        static const DeviceRefs none;
+        land(std::move(f), none);
+    }
+
+    bool on_device_frame(Frame& f, DeviceRefs& refs) override {
+        land(std::move(f), refs);
+        return true;
+    }
+
+    /// Lands a frame's device tensors (`refs`: those the peer's cuda_ipc carries), then delivers it.
+    void land(Frame&& f, const DeviceRefs& refs) {
         if (f.kind == FrameKind::control) return core_->control_frame(conn_, f.name, f.payload);
         std::vector<tensorplay::Stream> streams;
         if (!f.targets.empty()) {
@@ -89,7 +100,7 @@ public:
             auto later = [weak = weak_from_this()](Frame&& f, std::vector<tensorplay::Stream>&& s) {
                 if (auto self = weak.lock()) self->deliver(std::move(f), std::move(s));
             };
-            const auto landed = core_->land_device_tensors(conn_, f, streams, later);
+            const auto landed = core_->land_device_tensors(conn_, f, refs, streams, later);
             if (landed == AgentCore::Landing::later || (landed == AgentCore::Landing::failed && !conn_->is_open())) return;
         }
         deliver(std::move(f), std::move(streams));
@@ -221,10 +232,10 @@ void AgentCore::control_frame(const std::shared_ptr<Connection>& conn, std::stri
     if (!r) conn->close(std::move(r).error().context("a control frame from worker \"" + conn->peer().name + "\""));
 }
 
-AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame,
+AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                                   std::vector<tensorplay::Stream>& streams, DeviceChannels::Deliver later) {
     if (!device_channels) return Landing::now;
-    auto r = device_channels->land(conn, frame, streams, std::move(later));
+    auto r = device_channels->land(conn, frame, refs, streams, std::move(later));
     if (r) return *r == DeviceChannels::Landed::later ? Landing::later : Landing::now;
     Error e = std::move(r).error().context("receiving tensors from worker \"" + conn->peer().name + "\"");
     if (e.code() == Errc::protocol_error) {

@@ -487,33 +487,6 @@ Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, 
     return connect(Address::tcp(std::move(host), port), std::move(local), std::move(limits), std::move(auth));
 }
 
-Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
-                                                             ConnectionLimits limits, HandshakeAuth auth) {
-    std::error_code ec;
-    socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    std::string endpoint;
-    auto ep = socket.remote_endpoint(ec);
-    if (!ec) endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
-    auto ex = socket.get_executor();
-    const asio::generic::stream_protocol protocol(ep.protocol().family(), IPPROTO_TCP);
-    asio::generic::stream_protocol::socket generic(ex);
-    if (socket.is_open()) {
-        const int fd = socket.release(ec);
-        if (!ec) generic.assign(protocol, fd, ec);
-    }
-    detail::TransportStream stream{std::move(generic), "uv", std::move(endpoint), true, nullptr};
-    return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
-}
-
-Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::generic::stream_protocol::socket socket,
-                                                             std::string transport, std::string endpoint, HelloInfo local,
-                                                             ConnectionLimits limits, HandshakeAuth auth) {
-    auto named = detail::transport_named(transport);
-    const bool tcp = named && (*named)->tcp();
-    detail::TransportStream stream{std::move(socket), std::move(transport), std::move(endpoint), tcp, nullptr};
-    return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
-}
-
 Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(TransportStream stream, HelloInfo local, ConnectionLimits limits,
                                                                 HandshakeAuth auth) {
     auto timeout = limits.handshake_timeout;
@@ -549,11 +522,6 @@ Task<Result<std::shared_ptr<Connection>>> detail::accept_stream(TransportStream 
 Task<Result<std::shared_ptr<Connection>>> Connection::connect(std::string host, std::uint16_t port, HelloInfo local,
                                                               ConnectionLimits limits) {
     return connect(std::move(host), port, std::move(local), std::move(limits), HandshakeAuth{});
-}
-
-Task<Result<std::shared_ptr<Connection>>> Connection::accept(asio::ip::tcp::socket socket, HelloInfo local,
-                                                             ConnectionLimits limits) {
-    return accept(std::move(socket), std::move(local), std::move(limits), HandshakeAuth{});
 }
 
 const HelloInfo& Connection::peer() const noexcept { return state_->peer; }
@@ -594,9 +562,11 @@ bool detail::input_pending(const Connection& c) noexcept {
 }
 
 Task<Result<Frame>> Connection::receive() {
-    // (The state stays alive across the read even if this handle goes.)
-    if (state_->polled) return state_->polled_read_frame(state_);
-    return state_->read_frame(state_);
+    auto s = state_;  // (the state stays alive across the read even if this handle goes)
+    auto reading = s->polled ? s->polled_read_frame(s) : s->read_frame(s);
+    auto f = co_await std::move(reading);
+    if (f) s->refuse_refs(*f);  // (a device channel's references are for the agent's dispatch only)
+    co_return f;
 }
 
 void detail::dispatch_to(Connection& c, std::shared_ptr<FrameSink> sink) {
@@ -616,5 +586,7 @@ Task<void> Connection::join() {
 bool Connection::is_open() const noexcept { return state_->open; }
 
 const ConnectionStats& Connection::stats() const noexcept { return state_->stats; }
+
+const detail::ChannelStats& detail::channel_stats(const Connection& c) noexcept { return ConnectionAccess::state(c).channel_stats; }
 
 }  // namespace tensorplay

@@ -44,7 +44,7 @@ Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
         r.sink->on_closed(f.error());
         co_return;  // (the owner ends the op)
     }
-    r.sink->on_frame(std::move(*f));
+    r.s->hand_over(*r.sink, std::move(*f));
     dispatch_frames(*owner.release());
 }
 
@@ -146,7 +146,7 @@ Task<void> dispatch_polled(RearmedReadOwner<DispatchReader> owner) {
                     r.sink->on_closed(f.error());
                     co_return;
                 }
-                r.sink->on_frame(std::move(*f));
+                s.hand_over(*r.sink, std::move(*f));
                 continue;
             }
             // (FrameSink::awaiting_input steers the socket's recheck of a FIN: the rings' end

@@ -26,6 +26,23 @@ struct FrameView {
     std::span<const std::uint8_t> payload;
 };
 
+/// A tensor of a received frame that a device channel carries by reference (cuda_ipc): its bytes
+/// are not on the connection; the receiver resolves `ref` (docs/protocol.md, "Channels").
+struct DeviceRef {
+    std::size_t index = 0;  ///< its place in Frame::tensors (left undefined there)
+    TensorDesc desc;
+    std::uint64_t ref = 0;
+};
+
+/// What a received frame's device channel left for the receiver: the tensors it carries by
+/// reference, and the sender's hold on them, which the receiver releases once it has copied them
+/// (release_hold).
+struct DeviceRefs {
+    std::vector<DeviceRef> refs;
+    std::uint64_t hold = 0;
+    [[nodiscard]] bool empty() const noexcept { return refs.empty() && hold == 0; }
+};
+
 /// Takes a connection's frames as they arrive (detail::dispatch_to). Called on the
 /// connection's executor, from inside its reader: the calls must not block.
 class FrameSink {
@@ -35,6 +52,15 @@ public:
     virtual void on_small_frame(const FrameView& frame) = 0;
     /// Any other frame (tensors, a large payload): read by the general path, tensors in place.
     virtual void on_frame(Frame&& frame) = 0;
+    /// A frame some of whose tensors a device channel carries by reference (`refs`; their places
+    /// in frame.tensors left undefined): true when the sink took it (moved from both, and releases
+    /// refs.hold once it copied them). Default: false; the connection then fails the frame
+    /// (alloc_error), releases the hold and hands it to on_frame.
+    [[nodiscard]] virtual bool on_device_frame(Frame& frame, DeviceRefs& refs) {
+        (void)frame;
+        (void)refs;
+        return false;
+    }
     /// The connection failed or was closed (`why`); nothing follows.
     virtual void on_closed(const Error& why) = 0;
     /// Asked before each read (on the connection's executor): true while something waits for the
@@ -59,7 +85,15 @@ struct ConnectionAccess {
     }
 };
 
-/// As Connection::accept(), on a stream a transport's Listener accepted (the library's agent; an
+/// Counters of the channels that carry tensors by reference (tests and benchmarks).
+struct ChannelStats {
+    std::uint64_t cma_sent = 0;      ///< tensors sent by reference (the peer read them by cma)
+    std::uint64_t cma_received = 0;  ///< tensors read from the peer's memory by cma
+    std::uint64_t cma_held = 0;      ///< frames sent by reference whose tensors the peer has not released yet
+};
+[[nodiscard]] const ChannelStats& channel_stats(const Connection& c) noexcept;
+
+/// As ConnectionListener::accept(), on a stream a transport's Listener accepted (the library's agent; an
 /// shm stream's ring setup runs first, within the handshake timeout).
 [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> accept_stream(TransportStream stream, HelloInfo local, ConnectionLimits limits,
                                                                      HandshakeAuth auth);
@@ -123,7 +157,7 @@ struct DeviceParts {
                                       std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
                                       bool flush);
 
-/// Tells the peer that we are done with its hold `hold` (Frame::device_hold): a device channel's
+/// Tells the peer that we are done with its hold `hold` (DeviceRefs::hold): a device channel's
 /// receiver, once its copies of the frame's tensors have run. Nothing when closed.
 void release_hold(Connection& c, std::uint64_t hold);
 

@@ -210,7 +210,7 @@ bool ConnectionState::take_release(std::uint64_t id, std::optional<Error>& err) 
                            peer.name));
         return false;
     }
-    stats.cma_held = holds.size();
+    channel_stats.cma_held = holds.size();
     return true;
 }
 
@@ -376,6 +376,7 @@ Error budget_error(const ConnectionState& s, std::size_t n, const char* what) {
 /// Reads a frame with tensors, or one larger than the buffer.
 Task<Result<Frame>> ConnectionState::read_general() {
     GeneralFrame guard(*this);
+    reading_refs = DeviceRefs{};
     if (rend - rbeg < kFrameHeaderSize)
         if (auto r = co_await fill(kFrameHeaderSize); !r) co_return fail(r.error());
     auto h = decode_frame_header({rbuf.data() + rbeg, kFrameHeaderSize}, limits);
@@ -528,6 +529,30 @@ Result<Hello> ConnectionState::parse_hello_body(std::size_t len) {
     auto h = decode_hello_body({rbuf.data() + rbeg, len}, limits);
     rbeg += len;
     return h;
+}
+
+}  // namespace tensorplay::detail
+
+namespace tensorplay::detail {
+
+void ConnectionState::hand_over(FrameSink& sink, Frame&& f) {
+    if (!reading_refs.empty()) {
+        DeviceRefs refs = std::exchange(reading_refs, DeviceRefs{});
+        if (sink.on_device_frame(f, refs)) return;
+        reading_refs = std::move(refs);
+        refuse_refs(f);
+    }
+    sink.on_frame(std::move(f));
+}
+
+void ConnectionState::refuse_refs(Frame& f) {
+    if (reading_refs.empty()) return;
+    DeviceRefs refs = std::exchange(reading_refs, DeviceRefs{});
+    if (!f.alloc_error)
+        f.alloc_error = Error(Errc::device_error, "frame \"" + f.name + "\" from " + who() + " carries " +
+                                                      std::to_string(refs.refs.size()) +
+                                                      " tensor(s) by a device channel's reference, which this reader does not take");
+    if (refs.hold != 0) send_release(refs.hold);
 }
 
 }  // namespace tensorplay::detail

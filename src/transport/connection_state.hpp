@@ -132,6 +132,9 @@ struct ConnectionState {
     std::size_t rbeg = 0, rend = 0;
     EdgeReadState edge;
     bool in_frame = false;  ///< the general path is reading a frame (read_general)
+    /// The references and hold of the frame read_general read last (a device channel's: cuda_ipc),
+    /// taken when it is handed over (hand_over, refuse_refs).
+    DeviceRefs reading_refs;
     bool reading = false;   ///< a socket read is pending
     /// Frames queued by send(), and their count when the last read completed: a send since then
     /// provokes the reset by which a dead peer's FIN that came with that read shows (recheck).
@@ -169,6 +172,7 @@ struct ConnectionState {
     bool open = true;
     std::optional<Error> reason;
     ConnectionStats stats;
+    ChannelStats channel_stats;
     /// The connection's background coroutines: the writer, the watchdog and the dispatch reader's
     /// coroutines (each holds this state). close() cancels them; Connection::join awaits them.
     /// Declared last: destroyed first, while what they wait on still exists.
@@ -201,7 +205,7 @@ struct ConnectionState {
         // and fails that frame instead of handing over memory we may reuse.
         holds.clear();
         held_bytes = 0;
-        stats.cma_held = 0;
+        channel_stats.cma_held = 0;
     }
 
     /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
@@ -289,6 +293,12 @@ struct ConnectionState {
 
     /// Reads a frame with tensors, or one larger than the buffer.
     Task<Result<Frame>> read_general();
+    /// Hands read_general's frame to `sink`: with its references (on_device_frame) when a device
+    /// channel left some, else (or when the sink does not take them: refuse_refs) to on_frame.
+    void hand_over(FrameSink& sink, Frame&& f);
+    /// A frame whose reader takes no references: when a device channel left some, the frame fails
+    /// (alloc_error) and the peer's hold is released.
+    void refuse_refs(Frame& f);
 
     /// Memory for the tensor `desc` describes, from the allocator (checked: the size it says).
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc);

@@ -47,13 +47,13 @@ public:
     int priority() const noexcept override { return 200; }
     const std::string& domain() const noexcept override { return domain_; }
 
-    Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec&) const override {
-        return listen_abstract(std::move(ex), "shm", Address::Kind::shm);
+    Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const override {
+        return listen_abstract(std::move(ex), "shm", "shm", spec);
     }
 
     /// (Bounded by the caller's handshake timeout; the rings come after the handshake.)
     Task<Result<TransportStream>> connect(Address address) const override {
-        return connect_abstract_stream(std::move(address), "shm", Address::Kind::shm);
+        return connect_abstract_stream(std::move(address), "shm");
     }
 
     Task<Result<std::unique_ptr<ByteStream>>> finish(TransportStream& stream, Duration timeout, bool receive_first,

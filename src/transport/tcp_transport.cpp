@@ -74,7 +74,7 @@ public:
 
     Result<void> open(const ListenSpec& spec) {
         std::string want;
-        std::uint16_t want_port = 0;
+        std::uint16_t want_port = spec.tcp_port;
         const bool explicit_address = !spec.tcp_address.empty();
         if (explicit_address) {
             want = spec.tcp_address;
@@ -163,7 +163,7 @@ public:
     }
 
     Task<Result<TransportStream>> connect(Address address) const override {
-        if (address.kind != Address::Kind::tcp)
+        if (address.transport() != name())
             co_return fail(Errc::invalid_argument, "the uv transport cannot connect to " + address.str());
         auto ex = co_await asio::this_coro::executor;
         auto eps = co_await resolve_host(address.host, address.port);  // (a numeric host: at once)

@@ -13,6 +13,7 @@
 
 #include "transport/byte_stream.hpp"
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,6 +64,10 @@ struct ListenSpec {
     /// TCP: "host" or "host:port" (TensorPipeRpcBackendOptions::listen_address); empty: the
     /// interface named by TP_SOCKET_IFNAME, else this host name's address, else 127.0.0.1.
     std::string tcp_address;
+    /// TCP: the port when tcp_address names none (0: any free one).
+    std::uint16_t tcp_port = 0;
+    /// A Unix-socket transport (uds, shm): the abstract name to bind; empty: a fresh one.
+    std::string name;
 };
 
 /// One way of moving bytes between two workers. Thread-safe (immutable).

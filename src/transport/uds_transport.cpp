@@ -15,12 +15,12 @@ public:
     int priority() const noexcept override { return 150; }
     const std::string& domain() const noexcept override { return domain_; }
 
-    Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec&) const override {
-        return listen_abstract(std::move(ex), "uds", Address::Kind::uds);
+    Result<std::unique_ptr<Listener>> listen(Executor ex, const ListenSpec& spec) const override {
+        return listen_abstract(std::move(ex), "uds", "uds", spec);
     }
 
     Task<Result<TransportStream>> connect(Address address) const override {
-        return connect_abstract_stream(std::move(address), "uds", Address::Kind::uds);
+        return connect_abstract_stream(std::move(address), "uds");
     }
 
 private:

@@ -33,9 +33,14 @@ Result<std::string> fresh_abstract_name() {
     return s;
 }
 
-Result<void> AbstractUnixAcceptor::open(const std::string& url_scheme) {
-    auto name = fresh_abstract_name();
+Result<void> AbstractUnixAcceptor::open(const std::string& url_scheme, const std::string& wanted) {
+    Result<std::string> name = wanted;
+    if (wanted.empty()) name = fresh_abstract_name();
     if (!name) return fail(name.error());
+    // (Address::parse checks a parsed name; one set by hand is checked here, before it is bound.)
+    if (name->size() > 106 || name->find('\0') != std::string::npos)
+        return fail(Errc::invalid_argument, "cannot listen on " + url_scheme + "://" + *name +
+                                                ": a socket name has at most 106 bytes and no NUL");
     std::error_code ec;
     const auto ep = abstract_endpoint(*name);
     acceptor_.open(ep.protocol(), ec);
@@ -97,9 +102,9 @@ class AbstractListener final : public Listener {
 public:
     AbstractListener(Executor ex, std::string transport) : acceptor_(std::move(ex)), transport_(std::move(transport)) {}
 
-    Result<void> open(Address::Kind kind) {
-        if (auto r = acceptor_.open(transport_); !r) return r;
-        address_.kind = kind;
+    Result<void> open(std::string scheme, const std::string& name) {
+        if (auto r = acceptor_.open(scheme, name); !r) return r;
+        address_.scheme = std::move(scheme);
         address_.name = acceptor_.name();
         return ok();
     }
@@ -124,14 +129,15 @@ private:
 
 }  // namespace
 
-Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, Address::Kind kind) {
+Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, std::string scheme,
+                                                 const ListenSpec& spec) {
     auto l = std::make_unique<AbstractListener>(std::move(ex), std::move(transport));
-    if (auto r = l->open(kind); !r) return fail(r.error());
+    if (auto r = l->open(std::move(scheme), spec.name); !r) return fail(r.error());
     return std::unique_ptr<Listener>(std::move(l));
 }
 
-Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport, Address::Kind kind) {
-    if (address.kind != kind)
+Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport) {
+    if (address.transport() != transport)
         co_return fail(Errc::invalid_argument, "the " + transport + " transport cannot connect to " + address.str());
     auto connecting = connect_abstract(address.name, address.str());
     auto socket = co_await std::move(connecting);

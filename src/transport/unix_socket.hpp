@@ -32,8 +32,8 @@ struct UnixPeer {
 class AbstractUnixAcceptor {
 public:
     explicit AbstractUnixAcceptor(Executor ex) : acceptor_(std::move(ex)) {}
-    /// Binds a fresh name and listens. `url_scheme` ("uds", "shm") names it in messages.
-    [[nodiscard]] Result<void> open(const std::string& url_scheme);
+    /// Binds `name` (empty: a fresh one) and listens. `url_scheme` ("uds", "shm") names it in messages.
+    [[nodiscard]] Result<void> open(const std::string& url_scheme, const std::string& name);
     /// The bound name.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
     /// The next peer of this user; others are closed and logged ("the `transport` transport admits
@@ -53,12 +53,14 @@ private:
 /// executor (`url` names it in errors).
 [[nodiscard]] Task<Result<asio::generic::stream_protocol::socket>> connect_abstract(std::string name, std::string url);
 
-/// The listener of a Unix-socket transport (uds, shm): an AbstractUnixAcceptor at a fresh name,
-/// reached at an Address of `kind`; its streams are of `transport` and carry the peer's pid.
-[[nodiscard]] Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, Address::Kind kind);
+/// The listener of a Unix-socket transport (uds, shm): an AbstractUnixAcceptor at `spec.name` (or
+/// a fresh name), reached at an Address of `scheme`; its streams are of `transport` and carry the
+/// peer's pid.
+[[nodiscard]] Result<std::unique_ptr<Listener>> listen_abstract(Executor ex, std::string transport, std::string scheme,
+                                                                const ListenSpec& spec);
 
-/// Connects to `address` (an abstract socket of `kind`) as a stream of `transport`, with the
-/// peer's pid. invalid_argument for an address of another kind.
-[[nodiscard]] Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport, Address::Kind kind);
+/// Connects to `address` (an abstract socket served by `transport`) as a stream of `transport`,
+/// with the peer's pid. invalid_argument for an address another transport serves.
+[[nodiscard]] Task<Result<TransportStream>> connect_abstract_stream(Address address, std::string transport);
 
 }  // namespace tensorplay::detail

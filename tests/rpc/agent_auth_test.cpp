@@ -5,6 +5,7 @@
 
 #include <tensorplay/core/log.hpp>
 
+#include "support/raw_wire.hpp"
 #include "transport/frame.hpp"
 
 #include <asio/read.hpp>
@@ -281,7 +282,7 @@ TEST_CASE("wrong or missing keys are refused either way round, and the good peer
                 if (ec) co_return;  // (the test failed and closed the acceptor)
                 HandshakeAuth auth;
                 auth.key = server_key;
-                auto accepting = Connection::accept(std::move(s), named("worker1", 1), ConnectionLimits{}, std::move(auth));
+                auto accepting = test::accept_socket(std::move(s), named("worker1", 1), ConnectionLimits{}, std::move(auth));
                 auto c = co_await std::move(accepting);
                 if (!c) server_error = c.error();
             };

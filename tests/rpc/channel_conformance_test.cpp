@@ -108,7 +108,7 @@ Task<int> sizes(detail::NativeAgent& a, const std::string& channel) {
     }
     const auto conn = a.connection_to(1);
     EXPECT(conn != nullptr, 21);
-    const auto st = conn->stats();
+    const auto st = tensorplay::detail::channel_stats(*conn);
     const auto dev = a.device_stats();
     std::fprintf(stderr, "%s over %s: cma %llu sent, %llu received; cuda_ipc %llu, staged %llu\n", channel.c_str(),
                  conn->transport().c_str(), static_cast<unsigned long long>(st.cma_sent), static_cast<unsigned long long>(st.cma_received),

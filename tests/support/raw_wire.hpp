@@ -6,9 +6,11 @@
 #include <tensorplay/core/wire.hpp>
 
 #include "core/asio_compat.hpp"
+#include "transport/connection_ext.hpp"
 #include "transport/frame.hpp"
 #include "transport/transport.hpp"
 
+#include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/write.hpp>
 
@@ -62,6 +64,26 @@ inline Task<detail::TransportStream> raw_connect(Address address) {
     auto s = co_await std::move(connecting);
     REQUIRE(s);
     co_return std::move(*s);
+}
+
+/// The server's side of a handshake on a TCP socket that a test accepted itself (the other end of
+/// its raw peer): what ConnectionListener::accept runs after its own accept. (Not a coroutine:
+/// it may have defaulted arguments.)
+inline Task<Result<std::shared_ptr<Connection>>> accept_socket(asio::ip::tcp::socket socket, HelloInfo local,
+                                                               ConnectionLimits limits = {}, HandshakeAuth auth = {}) {
+    std::error_code ec;
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    std::string endpoint = "a TCP peer";
+    const auto ep = socket.remote_endpoint(ec);
+    if (!ec) endpoint = ep.address().to_string() + ":" + std::to_string(ep.port());
+    asio::generic::stream_protocol::socket generic(socket.get_executor());
+    if (socket.is_open()) {
+        const asio::generic::stream_protocol protocol(ep.protocol().family(), IPPROTO_TCP);
+        const int fd = socket.release(ec);
+        if (!ec) generic.assign(protocol, fd, ec);
+    }
+    detail::TransportStream stream{std::move(generic), "uv", std::move(endpoint), true, nullptr};
+    return detail::accept_stream(std::move(stream), std::move(local), std::move(limits), std::move(auth));
 }
 
 /// Writes `b` whole on a socket.

@@ -43,7 +43,7 @@ std::string hex(std::span<const std::uint8_t> b) {
 Task<Result<std::shared_ptr<Connection>>> accept_auth(asio::ip::tcp::acceptor& acc, HelloInfo hello, HandshakeAuth auth) {
     auto [ec, s] = co_await acc.async_accept(td::use_nothrow);
     if (ec) co_return fail(from_error_code(ec, "accept"));
-    auto accepting = Connection::accept(std::move(s), std::move(hello), ConnectionLimits{}, std::move(auth));
+    auto accepting = test::accept_socket(std::move(s), std::move(hello), ConnectionLimits{}, std::move(auth));
     co_return co_await std::move(accepting);
 }
 

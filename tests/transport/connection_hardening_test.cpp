@@ -239,7 +239,7 @@ TEST_CASE("500 sockets that never say hello cost little memory", "[transport][fa
                 auto [ec, s] = co_await acc.async_accept(tensorplay::detail::use_nothrow);
                 REQUIRE(!ec);
                 ++accepted;
-                asio::co_spawn(ex, Connection::accept(std::move(s), test::hello("server", 0), limits),
+                asio::co_spawn(ex, test::accept_socket(std::move(s), test::hello("server", 0), limits),
                                [&ended](std::exception_ptr, Result<std::shared_ptr<Connection>>) { ++ended; });
             }
         };

@@ -44,7 +44,7 @@ Task<void> nap() {
 TEST_CASE("addresses parse and print back", "[transport][negotiation]") {
     auto t = Address::parse("tcp://10.0.0.2:4242");
     REQUIRE(t);
-    CHECK(t->kind == Address::Kind::tcp);
+    CHECK(t->scheme == "tcp");
     CHECK(t->host == "10.0.0.2");
     CHECK(t->port == 4242);
     CHECK(t->transport() == "uv");
@@ -175,11 +175,11 @@ TEST_CASE("a TCP negotiation that chooses uds reconnects over the Unix socket", 
             [&]() -> Task<void> {
                 auto s1 = co_await (*tl)->accept();
                 REQUIRE(s1);
-                auto a1 = Connection::accept(std::move(s1->socket), s1->transport, s1->endpoint, server, limits, auth);
+                auto a1 = detail::accept_stream(std::move(*s1), server, limits, auth);
                 redirected = co_await std::move(a1);
                 auto s2 = co_await (*ul)->accept();
                 REQUIRE(s2);
-                auto a2 = Connection::accept(std::move(s2->socket), s2->transport, s2->endpoint, server, limits, auth);
+                auto a2 = detail::accept_stream(std::move(*s2), server, limits, auth);
                 settled = co_await std::move(a2);
             },
             asio::detached);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/transport/connection.hpp>
+#include <tensorplay/transport/listener.hpp>
 
 #include "transport/connection_ext.hpp"
 #include "core/asio_compat.hpp"
@@ -29,20 +30,23 @@ inline Task<Result<std::shared_ptr<Connection>>> accept_one(asio::ip::tcp::accep
                                                             ConnectionLimits limits) {
     auto [ec, s] = co_await acc.async_accept(detail::use_nothrow);
     if (ec) co_return fail(from_error_code(ec, "accept"));
-    co_return co_await Connection::accept(std::move(s), std::move(hello), limits);
+    auto accepting = accept_socket(std::move(s), std::move(hello), std::move(limits));
+    co_return co_await std::move(accepting);
 }
 
 struct ConnPair {
     std::shared_ptr<Connection> client, server;
 };
 
-/// A client and a server Connection joined over loopback.
+/// A client and a server Connection joined over loopback, as a user joins them: a
+/// ConnectionListener and Connection::connect.
 inline Task<ConnPair> make_pair(ConnectionLimits limits = {}) {
     using namespace detail::awaitable_ops;
     auto ex = co_await asio::this_coro::executor;
-    asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
-    auto port = acc.local_endpoint().port();
-    auto [sv, cl] = co_await (accept_one(acc, hello("server", 1), limits) &&
+    auto listener = ConnectionListener::listen(ex, Address::tcp("127.0.0.1", 0));
+    REQUIRE(listener);
+    auto port = (*listener)->address().port;
+    auto [sv, cl] = co_await ((*listener)->accept(hello("server", 1), limits) &&
                               Connection::connect("127.0.0.1", port, hello("client", 0), limits));
     REQUIRE(sv);
     REQUIRE(cl);

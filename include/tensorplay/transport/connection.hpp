@@ -1,5 +1,6 @@
-// Connection: a framed, bidirectional stream (TCP or a Unix socket) with a versioned handshake
-// that authenticates and negotiates the transport and channels (see docs/protocol.md).
+// Connection: a framed, bidirectional stream (TCP, a Unix socket, shared-memory rings) with a
+// versioned handshake that authenticates and negotiates the transport and channels (see
+// docs/protocol.md). ConnectionListener (listener.hpp) accepts them.
 #pragma once
 
 #include <tensorplay/core/bytes.hpp>
@@ -11,9 +12,6 @@
 #include <tensorplay/device/device.hpp>
 #include <tensorplay/device/tensor.hpp>
 #include <tensorplay/transport/address.hpp>
-
-#include <asio/generic/stream_protocol.hpp>
-#include <asio/ip/tcp.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -153,14 +151,6 @@ struct TensorDesc {
     Device target;  ///< where the receiver should put it
 };
 
-/// A tensor of a received frame that a device channel carries by reference (cuda_ipc): its bytes
-/// are not on the connection; the receiver resolves `ref` (docs/protocol.md, "Channels").
-struct DeviceRef {
-    std::size_t index = 0;  ///< its place in Frame::tensors (left undefined there)
-    TensorDesc desc;
-    std::uint64_t ref = 0;
-};
-
 /// One message on a connection. `id` matches a response to its request; `name` is the handler.
 /// When sending, `targets[i]` is where tensor i should land (missing entries: its own device).
 /// When receiving, `tensors` were allocated by the connection's allocator for their targets, and
@@ -175,10 +165,6 @@ struct Frame {
     /// Receive side only: set when the allocator refused a tensor (its bytes were skipped and
     /// `tensors` is incomplete); the connection stays usable.
     std::optional<Error> alloc_error;
-    /// Receive side only: the tensors a device channel carries, and the sender's hold on them,
-    /// which the receiver releases once it has copied them (nonzero only with device_refs).
-    std::vector<DeviceRef> device_refs;
-    std::uint64_t device_hold = 0;
 };
 
 /// Allocates the destination of an incoming tensor (called on the connection's executor).
@@ -190,9 +176,6 @@ struct ConnectionStats {
     std::uint64_t writes = 0;          ///< async_write operations (each gathers all queued frames)
     std::uint64_t frames_received = 0;
     std::uint64_t reads = 0;           ///< socket read operations
-    std::uint64_t cma_sent = 0;        ///< tensors sent by reference (the peer read them by cma)
-    std::uint64_t cma_received = 0;    ///< tensors read from the peer's memory by cma
-    std::uint64_t cma_held = 0;        ///< frames sent by reference whose tensors the peer has not released yet
     std::uint64_t keepalives_sent = 0;      ///< ConnectionLimits::keepalive_interval's frames
     std::uint64_t keepalives_received = 0;  ///< the peer's keep-alives (dropped, never handed on)
 };
@@ -228,21 +211,6 @@ public:
     /// coroutine's defaulted class-type argument bitwise.)
     [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> connect(std::string host, std::uint16_t port,
                                                                           HelloInfo local, ConnectionLimits limits = {});
-    /// Runs the server side of the handshake on an accepted socket (bounded by the timeout). A
-    /// peer refused (unauthorized: see HandshakeAuth) is told why and closed; nothing it sent
-    /// after its hello is read as a frame.
-    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
-                                                                         ConnectionLimits limits, HandshakeAuth auth);
-    /// As accept() without a key, admitting everyone.
-    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::ip::tcp::socket socket, HelloInfo local,
-                                                                         ConnectionLimits limits = {});
-    /// As accept(), on a stream of transport `transport` ("uv" for TCP, "uds") whose peer
-    /// `endpoint` names. When the negotiation chose another transport, the connection comes back
-    /// closed and redirected(): the client reconnects there.
-    [[nodiscard]] static Task<Result<std::shared_ptr<Connection>>> accept(asio::generic::stream_protocol::socket socket,
-                                                                         std::string transport, std::string endpoint,
-                                                                         HelloInfo local, ConnectionLimits limits,
-                                                                         HandshakeAuth auth);
     /// The peer's handshake.
     [[nodiscard]] const HelloInfo& peer() const noexcept;
     /// The transport this connection runs on ("uv", "uds", "shm").

@@ -83,7 +83,7 @@ public:
     [[nodiscard]] Task<Result<PreparedTensors>> prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
                                                         std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
 
-    /// Receiving on `conn`: lands `frame`'s device tensors on fresh pool streams (staged host
+    /// Receiving on `conn`: lands `frame`'s device tensors (`refs`: those its peer's cuda_ipc carries) on fresh pool streams (staged host
     /// bytes copied up; cuda_ipc refs copied out of the peer's outbox or pool once the host has seen its
     /// event complete: no stream of ours ever waits on another process) and names those streams in
     /// `streams`; the frame's device hold is released once the copies ran. An error fails the frame
@@ -92,7 +92,7 @@ public:
     /// and handed to `later` once every copy is queued (never, when the connection closes first).
     using Deliver = std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)>;
     enum class Landed { now, later };
-    [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame,
+    [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                       std::vector<tensorplay::Stream>& streams, Deliver later);
 
     /// A control frame from `conn`'s peer (cuda_ipc/rings.hpp): a chunk of ours is free (the next
@@ -155,9 +155,9 @@ private:
         /// runs on the stream before the release's event (the exporter frees only after the release).
         bool pooled = false;
     };
-    /// land's tensors out of the peer's outbox (device_refs): their copies go to `copies`, their
-    /// rings (not started) to `rings`.
-    [[nodiscard]] Result<void> land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
+    /// land's tensors out of the peer's outbox (`refs`): their copies go to `copies`, their rings
+    /// (not started) to `rings`.
+    [[nodiscard]] Result<void> land_refs(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                          const std::function<Result<DeviceStream*>(Device)>& stream_on,
                                          std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies);
     /// land_refs for a tensor that goes with one copy (`r` pooled): imports its memory from the

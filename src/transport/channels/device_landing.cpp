@@ -28,14 +28,15 @@ Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_p
 }  // namespace
 
 Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame,
-                                                    std::vector<tensorplay::Stream>& streams, Deliver later) {
+                                                    const DeviceRefs& refs, std::vector<tensorplay::Stream>& streams,
+                                                    Deliver later) {
     // (The streams the frame's sinks queued its chunked tensors' arrival on are its streams there.)
     std::vector<tensorplay::Stream> arrived;
     if (auto a = arriving_.find(conn.get()); a != arriving_.end()) {
         arrived = std::move(a->second);
         arriving_.erase(a);
     }
-    if (frame.device_hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
+    if (refs.hold == 0 && std::all_of(frame.targets.begin(), frame.targets.end(), [](Device d) { return d.is_cpu(); }))
         return Landed::now;  // (CPU tensors only: nothing to land)
     std::vector<DeviceStream> used;
     used.reserve(frame.tensors.size());  // (pointers into it stay valid)
@@ -71,13 +72,13 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
             t = std::move(*up);
             ++stats_.staged_received;
         }
-        if (frame.device_refs.empty()) return ok();
-        return land_refs(conn, frame, stream_on, rings, copies);
+        if (refs.refs.empty()) return ok();
+        return land_refs(conn, frame, refs, stream_on, rings, copies);
     }();
     // (Exports announced for this frame that it did not take, failing first, go with it.)
-    if (!frame.device_refs.empty())
+    if (!refs.refs.empty())
         if (auto p = peers_.find(conn.get()); p != peers_.end())
-            for (const auto& ref : frame.device_refs)
+            for (const auto& ref : refs.refs)
                 if (auto r = decode_ipc_ref(ref.ref); r && r->pooled) p->second->exports.erase(r->offset);
     // Copies out of the peer's outbox whose events are complete already are queued now (the common
     // case: the frame took longer to come than the peer's copy into its outbox); otherwise the host
@@ -92,6 +93,7 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
         pending->gates = gated ? 1 : 0;
         pending->deliver = std::move(later);
         pending->frame = std::move(frame);
+        pending->hold = refs.hold;
         pending->streams = std::move(streams);
         pending->used = std::move(used);
         for (auto& l : rings) {
@@ -104,17 +106,17 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
     }
     // (Imports whose copies were not queued, the frame failing, are freed before the release.)
     copies.clear();
-    if (frame.device_hold != 0) release_when_copied(conn, used, frame.device_hold);
+    if (refs.hold != 0) release_when_copied(conn, used, refs.hold);
     if (!landed) return fail(std::move(landed).error());
     return Landed::now;
 }
 
-Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame,
+Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                        const std::function<Result<DeviceStream*>(Device)>& stream_on,
                                        std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies) {
     PeerDevices& p = peer_of(*conn);
     if (p.bad) return fail(Errc::protocol_error, "cuda_ipc tensors from a peer whose offer is unusable: " + p.bad->message());
-    for (const auto& ref : frame.device_refs) {
+    for (const auto& ref : refs.refs) {
         const TensorDesc& desc = ref.desc;
         auto r = decode_ipc_ref(ref.ref);
         if (!r) return fail(std::move(r).error());
@@ -362,7 +364,7 @@ Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<
 
 void DeviceChannels::finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame) {
     if (frame->rings > 0 || frame->gates > 0 || !frame->deliver) return;
-    if (frame->frame.device_hold != 0) release_when_copied(conn, frame->used, frame->frame.device_hold);
+    if (frame->hold != 0) release_when_copied(conn, frame->used, frame->hold);
     auto deliver = std::move(frame->deliver);
     frame->deliver = nullptr;
     deliver(std::move(frame->frame), std::move(frame->streams));

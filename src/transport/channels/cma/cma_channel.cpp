@@ -39,10 +39,10 @@ std::optional<Result<void>> CmaChannel::send(ConnectionState& s, FrameKind kind,
     if (auto h = encode_frame_head(parts, s.limits, head, inl); !h) return fail(std::move(h).error().context("sending to " + s.who()));
     std::vector<Tensor> held, written;
     for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
-    s.stats.cma_sent += held.size();
+    s.channel_stats.cma_sent += held.size();
     s.holds.emplace(hold, ConnectionState::Hold{std::move(held), bytes, std::make_shared<cma::Lease>(std::move(*lease))});
     s.held_bytes += bytes;
-    s.stats.cma_held = s.holds.size();
+    s.channel_stats.cma_held = s.holds.size();
     return s.queue_frame(OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
 }
 
@@ -65,7 +65,7 @@ Task<Result<void>> CmaChannel::receive(ConnectionState& s, Frame& f, std::size_t
                             .on_worker(s.peer.name);
         co_return ok();
     }
-    ++s.stats.cma_received;
+    ++s.channel_stats.cma_received;
     f.tensors.push_back(std::move(*t));
     co_return ok();
 }

@@ -76,7 +76,7 @@ private:
     std::vector<Parked> parked_;
 };
 
-/// What a frame's hold keeps of the outboxes (Frame::device_hold): its ranges and events, given
+/// What a frame's hold keeps of the outboxes (DeviceRefs::hold): its ranges and events, given
 /// back when the peer releases the hold or the connection closes.
 struct OutboxHold {
     struct Range {

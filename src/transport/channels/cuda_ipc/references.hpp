@@ -1,22 +1,23 @@
 // Private: cuda_ipc's receiving side on one connection (a ReferenceChannel). The connection reads
-// no bytes of such a tensor: it hands the frame over with each reference in Frame::device_refs and
-// the frame's hold in Frame::device_hold, and the agent's device channels copy the tensors out of
-// the sender's memory and release the hold (device_channels.hpp).
+// no bytes of such a tensor: it hands the frame over with its references and hold (DeviceRefs,
+// FrameSink::on_device_frame), and the agent's device channels copy the tensors out of the
+// sender's memory and release the hold (device_channels.hpp).
 #pragma once
 
 #include "transport/channels/channel.hpp"
+#include "transport/connection_state.hpp"
 
 namespace tensorplay::detail {
 
 class DeviceReferences final : public ReferenceChannel {
 public:
-    Task<Result<void>> receive(ConnectionState&, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,
+    Task<Result<void>> receive(ConnectionState& s, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,
                                std::size_t&) override {
-        f.device_refs.push_back(DeviceRef{i, desc, ref});
+        s.reading_refs.refs.push_back(DeviceRef{i, desc, ref});
         f.tensors.emplace_back();  // (landed by the device channels)
         co_return ok();
     }
-    void received(ConnectionState&, Frame& f, std::uint64_t hold) override { f.device_hold = hold; }
+    void received(ConnectionState& s, Frame&, std::uint64_t hold) override { s.reading_refs.hold = hold; }
 };
 
 }  // namespace tensorplay::detail

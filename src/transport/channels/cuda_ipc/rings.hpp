@@ -60,6 +60,7 @@ struct RingSend {
 /// A received frame whose ring tensors are not all queued yet: handed over (`deliver`) once they are.
 struct PendingFrame {
     Frame frame;
+    std::uint64_t hold = 0;  ///< the peer's hold on the frame's tensors (DeviceRefs::hold)
     std::vector<tensorplay::Stream> streams;
     std::vector<DeviceStream> used;
     int rings = 0;  ///< ring tensors with chunks still to queue
