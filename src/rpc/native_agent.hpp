@@ -67,9 +67,16 @@ struct NativeAgentTuning {
     /// Replies queued for an inbound connection's peer (a caller that does not read them): over
     /// `soft` bytes its requests are not read until the replies drain; past `hard` bytes in two or
     /// more replies, the connection closes; past `held` bytes of replies' tensors it reads from
-    /// our memory (cma) without releasing them, further tensors go inline (OutputBounds). 0: none.
-    OutputBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30, std::size_t(256) << 20};
+    /// our memory (cma) without releasing them, further tensors go inline. 0: none. (The inbound
+    /// connections' ConnectionLimits max_queued_soft, max_queued_hard and max_held_bytes.)
+    struct ReplyBounds {
+        std::size_t soft = 0, hard = 0, held = 0;
+    };
+    ReplyBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30, std::size_t(256) << 20};
 };
+
+/// The limits of the agent's inbound connections: `tuning.limits` with its reply bounds.
+[[nodiscard]] ConnectionLimits inbound_limits(const NativeAgentTuning& tuning);
 
 /// A coroutine that serves requests, parked between them. The reader hands it the next request
 /// and resumes it in place; co_spawn per request would post a completion through the event loop.
@@ -283,7 +290,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Builds the request (tensor targets from the device map) and sends it on `peer`'s connection;
     /// with `prepared`, the device channels' tensors instead of the message's.
     [[nodiscard]] Result<void> send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message,
-                                            bool flush, PreparedTensors* prepared = nullptr);
+                                            PreparedTensors* prepared = nullptr);
     /// A call whose message has device tensors: they are prepared by the device channels (which
     /// may wait for copies to host memory), then the call goes on as call() with them.
     [[nodiscard]] Task<Result<Message>> call_device(std::string to, std::string handler, Message message, double timeout_sec);

@@ -119,6 +119,8 @@ public:
 
     /// A connection to a worker waits for replies while calls on it are pending.
     [[nodiscard]] bool awaiting_input() const override { return peer_ && !peer_->pending.empty(); }
+    /// Every request is answered (serve_request), by a reply or an error.
+    [[nodiscard]] bool answers_requests() const override { return true; }
 
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
@@ -181,16 +183,11 @@ void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
     if (device_channels)  // (large staged cuda tensors land chunk by chunk as they are read)
         set_sink_allocator(*conn, [this, c = conn.get()](const TensorDesc& d) { return device_channels->sink(c, d); });
-    // Short reads: a FIN or reset that comes with the last bytes is still seen at once where it
-    // matters (an unfinished frame; replies awaited with nothing sent since: awaiting_input), and
-    // elsewhere by the send that follows (every request is answered; docs/protocol.md, "Receiving").
-    set_short_reads(*conn, true);
     auto link = peers.link(rank);
     if (link) {
         link->conn = conn;
     } else {
-        endpoint.track(conn);
-        set_output_bounds(*conn, tuning.reply_bounds);  // (its peer's requests stop being read while it reads no replies)
+        endpoint.track(conn);  // (made with the reply bounds: inbound_limits)
     }
     auto* c = conn.get();
     dispatch_to(*c, std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
@@ -285,8 +282,11 @@ Result<int> AgentCore::check_call(const std::string& to) const {
     return rank;
 }
 
-Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message, bool flush,
+Result<void> AgentCore::send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message,
                                      PreparedTensors* prepared) {
+    // (Flush::paced: a lone call is written at once; calls made while others await their replies
+    // on this connection share the writer's gathered write, as their replies will.)
+    const Flush flush = Flush::paced;
     std::vector<Device> targets;
     if (auto routed = request_targets(peer, message.tensors, targets); !routed) return routed;
     auto s = prepared ? send_parts(*peer.conn, FrameKind::request, id, handler, message.payload, prepared->tensors, targets,
@@ -373,9 +373,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     PendingCallHandle pc(calls, peer.pending, id, slots);
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
-    // A lone call is written at once; calls made while others are in flight share the writer's
-    // gathered write (the replies that resume them arrive together).
-    if (auto sent = send_request(peer, id, handler, message, calls.outstanding() == 0, prepared); !sent) {
+    if (auto sent = send_request(peer, id, handler, message, prepared); !sent) {
         pc->result = fail(std::move(sent).error());
         metrics.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);

@@ -56,6 +56,14 @@ NativeAgentTuning with_budget(NativeAgentTuning t) {
 Task<void> keeping([[maybe_unused]] std::shared_ptr<AgentCore> keep, Task<void> t) { co_await std::move(t); }
 }  // namespace
 
+ConnectionLimits inbound_limits(const NativeAgentTuning& tuning) {
+    ConnectionLimits l = tuning.limits;
+    l.max_queued_soft = tuning.reply_bounds.soft;
+    l.max_queued_hard = tuning.reply_bounds.hard;
+    l.max_held_bytes = tuning.reply_bounds.held;
+    return l;
+}
+
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
       store(std::move(args.store)),
@@ -63,7 +71,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
       tuning(with_budget(std::move(t))),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
-      endpoint(self.name, InboundLimits{tuning.max_inbound_connections, tuning.max_inbound_handshakes}, tuning.limits,
+      endpoint(self.name, InboundLimits{tuning.max_inbound_connections, tuning.max_inbound_handshakes}, inbound_limits(tuning),
                InboundHooks{[this] { return hello(); }, [this](const HelloInfo& peer) { return admit(peer); },
                             [this](std::shared_ptr<Connection> c) { adopt_connection(std::move(c), -1); },
                             [this](Task<void> task, const char* what) {

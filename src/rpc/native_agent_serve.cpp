@@ -60,8 +60,9 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
         ++c.requests_served;
         if (r) c.bytes_sent += message_bytes(*r);
     }
-    // Flush now unless more requests are already buffered: their replies then share one write.
-    const bool flush = !input_pending(conn);
+    // (Flush::paced: written now unless more requests are buffered already, whose replies then
+    // share one write.)
+    const Flush flush = Flush::paced;
     Result<void> sent;
     if (r && prepared) {
         sent = send_parts(conn, FrameKind::response, id, {}, r->payload, prepared->tensors, targets, prepared->parts, flush);

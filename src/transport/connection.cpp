@@ -548,18 +548,12 @@ void detail::set_short_reads(Connection& c, bool short_reads) {
     s.edge.short_reads = short_reads || !s.tcp;
 }
 
-void detail::set_output_bounds(Connection& c, OutputBounds bounds) { ConnectionAccess::state(c).out_bounds = bounds; }
-
 detail::ChannelKind detail::send_channel(const Connection& c, Device source, Device target) noexcept {
     return ConnectionAccess::state(c).channels.send_kind(source, target);
 }
 
 int detail::cma_peer_pid(const Connection& c) noexcept { return ConnectionAccess::state(c).channels.peer_pid(); }
 
-bool detail::input_pending(const Connection& c) noexcept {
-    const auto& s = ConnectionAccess::state(c);
-    return s.rend > s.rbeg;
-}
 
 Task<Result<Frame>> Connection::receive() {
     auto s = state_;  // (the state stays alive across the read even if this handle goes)
@@ -571,7 +565,10 @@ Task<Result<Frame>> Connection::receive() {
 
 void detail::dispatch_to(Connection& c, std::shared_ptr<FrameSink> sink) {
     auto s = ConnectionAccess::shared_state(c);
+    FrameSink* reader = sink.get();
+    if (reader->answers_requests()) s->edge.short_reads = true;  // (set_short_reads says why that is safe)
     auto* op = recycled_new<DispatchOp>(s->socket, s->edge, DispatchReader{s, std::move(sink)});
+    s->dispatch_sink = reader;
     if (s->polled) dispatch_polled_frames(*op);
     else dispatch_frames(*op);
 }

@@ -48,7 +48,7 @@ Task<void> dispatch_general(RearmedReadOwner<DispatchReader> owner) {
     dispatch_frames(*owner.release());
 }
 
-/// Backpressure: the peer does not read what we queued for it (over out_bounds.soft), so we read
+/// Backpressure: the peer does not read what we queued for it (over limits.max_queued_soft), so we read
 /// nothing more of it until the writer has brought the queue under the bound.
 Task<void> dispatch_when_drained(RearmedReadOwner<DispatchReader> owner) {
     co_await asio::this_coro::throw_if_cancelled(false);

@@ -69,6 +69,11 @@ public:
     /// once (docs/protocol.md, "Receiving"). Default: false (each request gets a reply, whose send
     /// finds such an end).
     [[nodiscard]] virtual bool awaiting_input() const { return false; }
+    /// True when every request this sink takes is answered on the connection (the agent's): a FIN
+    /// that came with a request's last bytes then shows at the answer's send, so the connection
+    /// may take a read that fills less than its buffer as draining the socket (set_short_reads).
+    /// Default: false (TCP reads ask the kernel what is left).
+    [[nodiscard]] virtual bool answers_requests() const { return false; }
 };
 
 }  // namespace tensorplay
@@ -98,10 +103,21 @@ struct ChannelStats {
 [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> accept_stream(TransportStream stream, HelloInfo local, ConnectionLimits limits,
                                                                      HandshakeAuth auth);
 
+/// When a frame that send_parts queues is written.
+enum class Flush : std::uint8_t {
+    later,  ///< by the writer, with whatever else this turn of the event loop queues
+    now,    ///< at once, when no write is in progress (Connection::send's `flush`)
+    /// As the connection paces an exchange of requests and replies (docs/protocol.md, "Sending"):
+    /// a request at once unless replies to earlier ones are awaited on it (FrameSink::awaiting_input:
+    /// then the calls made this turn share one write, as their replies will); a reply or an error
+    /// at once unless more requests are buffered already (their replies then share one write).
+    paced,
+};
+
 /// As Connection::send(Frame), without building a Frame: `payload` and `tensors` are moved from
 /// only when the frame has to wait for the writer; `targets[i]` is where tensor i should land.
 [[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                                      std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush);
+                                      std::vector<Tensor>& tensors, std::span<const Device> targets, Flush flush);
 
 /// A tensor's bytes, produced piece by piece while its frame is written (cuda_basic's staging
 /// slots): the writer asks for the next piece once it has written the previous one, whose memory
@@ -155,7 +171,7 @@ struct DeviceParts {
 /// As send_parts, for a frame a device channel prepared (no cma: CPU tensors go inline).
 [[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                       std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
-                                      bool flush);
+                                      Flush flush);
 
 /// Tells the peer that we are done with its hold `hold` (DeviceRefs::hold): a device channel's
 /// receiver, once its copies of the frame's tensors have run. Nothing when closed.
@@ -165,22 +181,10 @@ void release_hold(Connection& c, std::uint64_t hold);
 /// draining the socket (recv) instead of asking the kernel (recvmsg with TCP_INQ, about 0.4 us
 /// a round trip dearer here). Either way a FIN or reset that arrives with the last bytes of an
 /// unfinished frame, or while a receive() (or FrameSink::awaiting_input) waits with nothing
-/// sent since, is seen at once. Default: false.
+/// sent since, is seen at once. Default: false; dispatch_to sets it from its sink
+/// (FrameSink::answers_requests). Tests set it either way.
 void set_short_reads(Connection& c, bool short_reads);
 
-/// Bounds on what a connection queues for a peer that does not read (docs/protocol.md,
-/// "Backpressure"): over `soft` bytes of frames queued for writing, it stops reading until the
-/// writer has brought them under; past `hard` bytes in two or more frames, it closes. 0: none.
-/// The agent bounds its inbound connections: a caller that never reads its replies stops being
-/// read, and pins at most about `soft` plus the replies to the requests read before that.
-/// `held` bounds the bytes of tensors the peer reads from our memory (cma) and has not released:
-/// past it, further tensors go inline, into the queue that `soft` and `hard` bound.
-struct OutputBounds {
-    std::size_t soft = 0;
-    std::size_t hard = 0;
-    std::size_t held = 0;
-};
-void set_output_bounds(Connection& c, OutputBounds bounds);
 
 /// The channel the handshake chose for a tensor this side sends from `source` to the peer's `target`.
 [[nodiscard]] ChannelKind send_channel(const Connection& c, Device source, Device target) noexcept;
@@ -191,9 +195,6 @@ void set_output_bounds(Connection& c, OutputBounds bounds);
 
 /// "uv, uds" (the names of `offers`): for messages.
 [[nodiscard]] std::string offer_names(const std::vector<TransportOffer>& offers);
-
-/// True when bytes of further frames are already buffered (receive() will not wait for them).
-[[nodiscard]] bool input_pending(const Connection& c) noexcept;
 
 /// Hands every incoming frame to `sink` as it is read, until the connection closes (then
 /// on_closed, and the sink is released). Instead of receive(), not beside it. A frame without

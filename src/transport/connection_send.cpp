@@ -11,7 +11,8 @@
 namespace tensorplay {
 
 Result<void> Connection::send(Frame frame, bool flush) {
-    return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets, flush);
+    return detail::send_parts(*this, frame.kind, frame.id, frame.name, frame.payload, frame.tensors, frame.targets,
+                              flush ? detail::Flush::now : detail::Flush::later);
 }
 
 Result<void> detail::ConnectionState::queue_frame(OutFrame out, bool flush) {
@@ -20,7 +21,7 @@ Result<void> detail::ConnectionState::queue_frame(OutFrame out, bool flush) {
     s.streamed_queued = s.streamed_queued || !out.sources.empty();
     s.queue_bytes += out_size(out);
     s.queue.push_back(std::move(out));
-    if (const std::size_t hard = s.out_bounds.hard;
+    if (const std::size_t hard = s.limits.max_queued_hard;
         hard != 0 && s.queue_bytes + s.batch_bytes > hard && s.queue.size() + s.batch.size() > 1) [[unlikely]] {
         // (One frame of any size passes: the peer may be reading it.)
         s.close(Error(Errc::connection_lost, std::to_string(s.queue_bytes + s.batch_bytes) + " bytes in " +
@@ -72,25 +73,27 @@ Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::
 
 Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
                                 std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
-                                bool flush) {
+                                Flush flush) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
     if (auto c = detail::basic_carries(tensors, dev.refs, dev.streamed); !c) return c;
+    const bool now = s.flushes(flush, kind);
     for (const auto& [notice, bytes] : dev.preface) {
         Bytes body = bytes;
         std::vector<Tensor> none;
-        if (auto r = send_parts(c, FrameKind::control, 0, notice, body, none, {}, false); !r) return r;
+        if (auto r = send_parts(c, FrameKind::control, 0, notice, body, none, {}, Flush::later); !r) return r;
     }
     ++s.sends;
-    return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, flush);
+    return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, now);
 }
 
 void detail::release_hold(Connection& c, std::uint64_t hold) { ConnectionAccess::state(c).send_release(hold); }
 
 Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                                std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, Flush pace) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
+    const bool flush = s.flushes(pace, kind);
     if (!tensors.empty())
         if (auto c = detail::basic_carries(tensors, {}); !c) return c;
     ++s.sends;

@@ -124,7 +124,7 @@ struct ConnectionState {
     };
     std::uint64_t device_holds = 0;
     /// Our holds by id, until the peer's release frame or the close; held_bytes their tensors'
-    /// bytes (bounded by out_bounds.held).
+    /// bytes (bounded by limits.max_held_bytes).
     std::unordered_map<std::uint64_t, Hold> holds;
     std::size_t held_bytes = 0;
 
@@ -141,13 +141,21 @@ struct ConnectionState {
     std::uint64_t sends = 0, sends_at_read = 0;
 
     std::vector<OutFrame> queue, batch;
-    /// Bytes of the frames in `queue` and in `batch` (the writer's), and their bounds: a reader
-    /// stops while they are over out_bounds.soft and waits on `output_drained` (set_output_bounds).
+    /// Bytes of the frames in `queue` and in `batch` (the writer's): a reader stops while they are
+    /// over limits.max_queued_soft and waits on `output_drained`.
     std::size_t queue_bytes = 0, batch_bytes = 0;
-    OutputBounds out_bounds;
     ResumeSlot output_drained;
     [[nodiscard]] bool output_over() const noexcept {
-        return out_bounds.soft != 0 && queue_bytes + batch_bytes > out_bounds.soft;
+        return limits.max_queued_soft != 0 && queue_bytes + batch_bytes > limits.max_queued_soft;
+    }
+    /// The sink dispatch_to reads for (null before, and once its reader ended): asked by
+    /// Flush::paced whether replies are awaited.
+    FrameSink* dispatch_sink = nullptr;
+    /// Whether a frame of `kind` sent with `flush` is written now (Flush::paced's rules).
+    [[nodiscard]] bool flushes(Flush flush, FrameKind kind) const {
+        if (flush != Flush::paced) return flush == Flush::now;
+        if (kind == FrameKind::request) return !(dispatch_sink && dispatch_sink->awaiting_input());
+        return rend == rbeg;  // (a reply: unless further requests are buffered already)
     }
     /// The writer took a batch off, or wrote it: a paused reader resumes once under the bound.
     void output_written() {
@@ -209,7 +217,7 @@ struct ConnectionState {
     }
 
     /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
-    /// A queue over out_bounds.hard closes the connection (its error is returned).
+    /// A queue over limits.max_queued_hard closes the connection (its error is returned).
     Result<void> queue_frame(OutFrame out, bool flush);
 
     /// Queues a release frame for `hold` (the peer's tensors were read by cma): written with the
@@ -336,6 +344,14 @@ Task<Result<void>> finish_transport(ConnectionState& s, Duration timeout);
 struct DispatchReader {
     std::shared_ptr<ConnectionState> s;
     std::shared_ptr<FrameSink> sink;
+
+    DispatchReader(std::shared_ptr<ConnectionState> st, std::shared_ptr<FrameSink> k) : s(std::move(st)), sink(std::move(k)) {}
+    DispatchReader(DispatchReader&&) noexcept = default;
+    DispatchReader& operator=(DispatchReader&&) noexcept = default;
+    /// Once the reader ends, its sink is no longer asked (ConnectionState::dispatch_sink).
+    ~DispatchReader() {
+        if (s && sink && s->dispatch_sink == sink.get()) s->dispatch_sink = nullptr;
+    }
 
     using executor_type = Executor;
     [[nodiscard]] executor_type get_executor() const noexcept { return s->socket.get_executor(); }

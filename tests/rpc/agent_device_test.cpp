@@ -70,7 +70,7 @@ Result<void> send_ref(Connection& c, std::uint64_t ref, std::size_t n = 4096) {
     parts.sources = {Device::cuda(0)};
     parts.refs = {ref};
     Bytes payload = bytes("x");
-    return detail::send_parts(c, FrameKind::request, 1, "echo", payload, tensors, targets, parts, true);
+    return detail::send_parts(c, FrameKind::request, 1, "echo", payload, tensors, targets, parts, detail::Flush::now);
 }
 
 }  // namespace
@@ -214,7 +214,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             REQUIRE(conn);
             Bytes payload(outbox.begin(), outbox.end());
             std::vector<Tensor> none;
-            REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, false));
+            REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, detail::Flush::later));
             Frame f;
             f.id = 1;
             f.name = "echo";
@@ -234,7 +234,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             for (const auto& n : c.notices) {
                 Bytes payload(n.begin(), n.end());
                 std::vector<Tensor> none;
-                REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, false));
+                REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcOutbox, payload, none, {}, detail::Flush::later));
             }
             REQUIRE(send_ref(**conn, c.ref, c.bytes));
             co_await closed_alone(**conn, g);
@@ -266,7 +266,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             REQUIRE(conn);
             Bytes payload = c.payload;
             std::vector<Tensor> none;
-            REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, c.name, payload, none, {}, true));
+            REQUIRE(detail::send_parts(**conn, FrameKind::control, 0, c.name, payload, none, {}, detail::Flush::now));
             co_await closed_alone(**conn, g);
         }
         // Export notices that no frame takes: the same id twice, and more than the receiver keeps.
@@ -277,7 +277,7 @@ TEST_CASE("cuda_ipc references and ring notices a peer cannot have sent close it
             for (std::size_t i = 0; i < count; ++i) {
                 Bytes payload = detail::encode_pool_export(detail::PoolExport{count == 2 ? 1 : i, 0, 0, {}});
                 std::vector<Tensor> none;
-                if (!detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcExport, payload, none, {}, i + 1 == count)) break;
+                if (!detail::send_parts(**conn, FrameKind::control, 0, detail::kIpcExport, payload, none, {}, i + 1 == count ? detail::Flush::now : detail::Flush::later)) break;
             }
             co_await closed_alone(**conn, g);
         }

@@ -182,18 +182,19 @@ Bytes outbox_notice(int device) {
 /// A request to "echo" whose one `n`-byte tensor goes from our `source` to worker1's `target` by
 /// reference `ref` (0: inline, its bytes a host tensor's); `flush`.
 Result<void> send_tensor(Connection& c, Device source, Device target, std::uint64_t ref, std::size_t n, bool flush = true) {
+    const auto pace = flush ? detail::Flush::now : detail::Flush::later;
     std::vector<Tensor> tensors{Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)})};
     std::vector<Device> targets{target};
     detail::DeviceParts parts;
     parts.sources = {source};
     parts.refs = {ref};
     Bytes payload = bytes("x");
-    return detail::send_parts(c, FrameKind::request, 7, "echo", payload, tensors, targets, parts, flush);
+    return detail::send_parts(c, FrameKind::request, 7, "echo", payload, tensors, targets, parts, pace);
 }
 
 Result<void> send_control(Connection& c, std::string_view name, Bytes payload) {
     std::vector<Tensor> none;
-    return detail::send_parts(c, FrameKind::control, 0, name, payload, none, {}, true);
+    return detail::send_parts(c, FrameKind::control, 0, name, payload, none, {}, detail::Flush::now);
 }
 
 enum class Outcome { closed, failed_frame, any };

@@ -79,8 +79,10 @@ Task<Result<std::shared_ptr<Connection>>> accept_keyed(asio::ip::tcp::acceptor& 
     co_return co_await std::move(accepting);
 }
 
-/// A client and a server with the given hellos (and key), over loopback.
-Task<test::ConnPair> pair_of(const HelloInfo& client, const HelloInfo& server, const std::string& key) {
+/// A client and a server with the given hellos (and key), over loopback; the client's limits
+/// `client_limits`.
+Task<test::ConnPair> pair_of(const HelloInfo& client, const HelloInfo& server, const std::string& key,
+                             ConnectionLimits client_limits) {
     using namespace td::awaitable_ops;
     auto ex = co_await asio::this_coro::executor;
     asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
@@ -88,10 +90,14 @@ Task<test::ConnPair> pair_of(const HelloInfo& client, const HelloInfo& server, c
     HandshakeAuth a, b;
     a.key = key;
     b.key = key;
-    auto [sv, cl] = co_await (accept_keyed(acc, server, a) && Connection::connect("127.0.0.1", port, client, ConnectionLimits{}, b));
+    auto [sv, cl] = co_await (accept_keyed(acc, server, a) && Connection::connect("127.0.0.1", port, client, client_limits, b));
     REQUIRE(sv);
     REQUIRE(cl);
     co_return test::ConnPair{*cl, *sv};
+}
+
+Task<test::ConnPair> pair_of(const HelloInfo& client, const HelloInfo& server, const std::string& key) {
+    return pair_of(client, server, key, ConnectionLimits{});
 }
 
 Frame frame_of(FrameKind kind, std::uint64_t id, std::vector<Tensor> tensors) {
@@ -378,9 +384,10 @@ TEST_CASE("bytes a peer holds by reference are bounded: past the bound, tensors 
     std::vector<Tensor> ts;
     for (unsigned i = 0; i < 4; ++i) ts.push_back(pattern_tensor(1u << 20, 10 + i));
     test::run_with_deadline(10s, [&]() -> Task<void> {
-        auto p = co_await pair_of(client, server, "");
+        ConnectionLimits bounded;
+        bounded.max_held_bytes = (2u << 20) + 100;
+        auto p = co_await pair_of(client, server, "", bounded);
         REQUIRE(channel_of(*p.client) == "cma");
-        td::set_output_bounds(*p.client, td::OutputBounds{0, 0, (2u << 20) + 100});
         for (unsigned i = 0; i < 4; ++i) REQUIRE(p.client->send(frame_of(FrameKind::request, i + 1, {ts[i]}), true));
         // Nothing is released yet (the server has read nothing): two fit the bound, two go inline.
         CHECK(tensorplay::detail::channel_stats(*p.client).cma_sent == 2);

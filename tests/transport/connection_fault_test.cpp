@@ -454,7 +454,7 @@ Result<void> send_streamed(Connection& c, std::uint64_t id, std::size_t n, std::
     parts.streamed.push_back(std::move(src));
     Bytes payload = bytes("streamed");
     const std::string name = "s";
-    return tensorplay::detail::send_parts(c, FrameKind::request, id, name, payload, tensors, {}, parts, true);
+    return tensorplay::detail::send_parts(c, FrameKind::request, id, name, payload, tensors, {}, parts, tensorplay::detail::Flush::now);
 }
 }  // namespace
 

@@ -76,6 +76,16 @@ struct TP_API ConnectionLimits {
     /// connection drops), so that a live connection does not trip the peer's idle_timeout. Set it
     /// to well under the peer's idle_timeout (the agent: a third of it). 0 (default): none.
     Duration keepalive_interval{0};
+    /// Backpressure on a peer that does not read what is sent to it (docs/protocol.md,
+    /// "Backpressure"): over `max_queued_soft` bytes of frames queued for writing, the connection
+    /// stops reading that peer until the writer has brought them under; past `max_queued_hard`
+    /// bytes in two or more frames, it closes (Errc::connection_lost). 0 (default): no bound.
+    std::size_t max_queued_soft = 0;
+    std::size_t max_queued_hard = 0;
+    /// Bytes of tensors sent by reference (a same-host channel reads them from our memory) that the
+    /// peer has not released yet: past it, further tensors go on the stream, into the queue that
+    /// the bounds above bound. 0 (default): no bound.
+    std::size_t max_held_bytes = 0;
 };
 
 /// A transport a side offers in its hello (docs/protocol.md, "Negotiation").

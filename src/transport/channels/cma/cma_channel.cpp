@@ -16,11 +16,10 @@ std::optional<Result<void>> CmaChannel::send(ConnectionState& s, FrameKind kind,
     std::vector<std::uint8_t> by_ref(tensors.size(), 0);
     bool any = false;
     std::size_t bytes = 0;
-    // (Past out_bounds.held bytes the peer has not released, tensors go inline: a peer that never
+    // (Past limits.max_held_bytes bytes the peer has not released, tensors go inline: a peer that never
     // releases pins at most that much of our memory by reference.)
-    const std::size_t room = s.out_bounds.held == 0 ? SIZE_MAX
-                             : s.held_bytes < s.out_bounds.held ? s.out_bounds.held - s.held_bytes
-                                                                : 0;
+    const std::size_t bound = s.limits.max_held_bytes;
+    const std::size_t room = bound == 0 ? SIZE_MAX : s.held_bytes < bound ? bound - s.held_bytes : 0;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const Device target = i < targets.size() ? targets[i] : tensors[i].device();
         by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes && s.channels.cma_takes(tensors[i], target) ? 1 : 0;

@@ -22,7 +22,7 @@ public:
     [[nodiscard]] int peer_pid() const noexcept { return pid_; }
 
     /// Sends a frame on `s` by reference when some tensor's pair chose cma and it is large enough
-    /// (ChannelTable::cma_takes), within what the peer may hold unreleased (OutputBounds::held):
+    /// (ChannelTable::cma_takes), within what the peer may hold unreleased (ConnectionLimits::max_held_bytes):
     /// those tensors are held under a lease (until the peer's release or the close) and their bytes
     /// not written; the others go inline. Nothing (the caller sends it inline) when every tensor
     /// goes inline or no lease is free.

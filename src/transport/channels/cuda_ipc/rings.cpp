@@ -15,7 +15,7 @@ namespace tensorplay::detail {
 void send_control(Connection& conn, std::string_view name, Bytes payload) {
     if (!conn.is_open()) return;
     std::vector<Tensor> none;
-    (void)send_parts(conn, FrameKind::control, 0, name, payload, none, {}, true);  // (a closed connection: nothing to tell)
+    (void)send_parts(conn, FrameKind::control, 0, name, payload, none, {}, Flush::now);  // (a closed connection: nothing to tell)
 }
 
 void send_ring_notice(Connection& conn, std::string_view name, const RingNotice& n) {
