@@ -20,7 +20,7 @@
 #include "rpc/peer_table.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
-#include "transport/channels/device_channels.hpp"
+#include "transport/device_channels.hpp"
 #include "rpc/endpoint.hpp"
 #include "transport/transport.hpp"
 

@@ -150,7 +150,7 @@ using SinkAllocator = std::function<Result<std::shared_ptr<ByteSink>>(const Tens
 /// Sets `c`'s sink allocator (asked first, for each tensor whose bytes are on the stream).
 void set_sink_allocator(Connection& c, SinkAllocator allocator);
 
-/// What a device channel adds to a frame it prepared (channels/device_channels.hpp).
+/// What a device channel adds to a frame it prepared (device_channels.hpp).
 struct DeviceParts {
     /// Per tensor the device it was sent from, when not its own (a staged host copy of a device
     /// tensor); missing entries: its own.

@@ -1,6 +1,6 @@
 // The agent's device channels: offers, stream ordering, staging (cuda_basic) and outboxes (cuda_ipc)
 // on the sending side; the receiving side is in device_landing.cpp.
-#include "transport/channels/device_channels.hpp"
+#include "transport/channels/device_channels_impl.hpp"
 
 #include <tensorplay/core/log.hpp>
 
@@ -54,14 +54,14 @@ std::size_t one_copy_min_bytes() {
 }
 }  // namespace
 
-DeviceChannels::DeviceChannels(Spawn spawn) : spawn_(std::move(spawn)), one_copy_min_(one_copy_min_bytes()) {}
-DeviceChannels::~DeviceChannels() {
+DeviceChannelsImpl::DeviceChannelsImpl(Spawn spawn) : spawn_(std::move(spawn)), one_copy_min_(one_copy_min_bytes()) {}
+DeviceChannelsImpl::~DeviceChannelsImpl() {
     for (auto [index, fd] : pool_fds_) ::close(fd);
 }
 
 Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, const std::vector<Device>& outbox_devices,
                                                                const std::vector<std::string>& channels, std::size_t outbox_bytes) {
-    auto dc = std::make_unique<DeviceChannels>(std::move(spawn));
+    auto dc = std::make_unique<DeviceChannelsImpl>(std::move(spawn));
     dc->outbox_bytes_ = outbox_bytes;
     const bool want_ipc = std::find(channels.begin(), channels.end(), "cuda_ipc") != channels.end();
     const bool want_basic = std::find(channels.begin(), channels.end(), "cuda_basic") != channels.end();
@@ -92,7 +92,7 @@ Result<std::unique_ptr<DeviceChannels>> DeviceChannels::create(Spawn spawn, cons
     return dc;
 }
 
-PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
+PeerDevices& DeviceChannelsImpl::peer_of(const Connection& conn) {
     auto& slot = peers_[&conn];
     if (!slot) slot = std::make_unique<PeerDevices>();
     PeerDevices& p = *slot;
@@ -115,7 +115,7 @@ PeerDevices& DeviceChannels::peer_of(const Connection& conn) {
     return p;
 }
 
-void DeviceChannels::forget(const Connection* conn) {
+void DeviceChannelsImpl::forget(const Connection* conn) {
     peers_.erase(conn);
     arriving_.erase(conn);
     // (Its frames waiting for chunks are dropped; copies already queued keep what they use.)
@@ -123,7 +123,7 @@ void DeviceChannels::forget(const Connection* conn) {
     std::erase_if(landing_, [conn](const auto& e) { return std::get<0>(e.first) == conn; });
 }
 
-Result<std::shared_ptr<ByteSink>> DeviceChannels::sink(const Connection* conn, const TensorDesc& desc) {
+Result<std::shared_ptr<ByteSink>> DeviceChannelsImpl::sink(const Connection* conn, const TensorDesc& desc) {
     if (!desc.target.is_cuda() || desc.nbytes <= kStagingChunk) return std::shared_ptr<ByteSink>();
     auto b = backend_for(desc.target);
     if (!b || (*b)->host_accessible() || desc.target.index >= (*b)->device_count())
@@ -141,7 +141,7 @@ Result<std::shared_ptr<ByteSink>> DeviceChannels::sink(const Connection* conn, c
     return landing;
 }
 
-Outbox* DeviceChannels::outbox(int index) {
+Outbox* DeviceChannelsImpl::outbox(int index) {
     if (auto it = outboxes_.find(index); it != outboxes_.end()) return it->second.get();
     if (!ipc_devices_.count(index)) return nullptr;
     const Device d = Device::cuda(index);
@@ -164,7 +164,7 @@ Outbox* DeviceChannels::outbox(int index) {
 // cuda_ipc for a tensor from our `source` to the peer's `target`: the pair chose it, our device may
 // send by cuda_ipc, and it reaches theirs (the same PCI device, or peer access); then its outbox,
 // made now if it is the first, is announced to the peer before the frame that uses it.
-bool DeviceChannels::ipc_viable(Connection& conn, Device source, Device target) {
+bool DeviceChannelsImpl::ipc_viable(Connection& conn, Device source, Device target) {
     if (!source.is_cuda() || !target.is_cuda() || !ipc_devices_.count(source.index)) return false;
     if (send_channel(conn, source, target) != ChannelKind::cuda_ipc) return false;
     PeerDevices& p = peer_of(conn);
@@ -245,7 +245,7 @@ DeviceStream* find_stream(std::vector<DeviceStream>& v, Device d) {
     return nullptr;
 }
 
-Result<void> DeviceChannels::queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
+Result<void> DeviceChannelsImpl::queue_copies(const std::shared_ptr<Connection>& conn, std::vector<Tensor>& tensors,
                                           const std::vector<tensorplay::Stream>& streams, const std::vector<Device>& targets,
                                           PreparedTensors& out, std::vector<DeviceStream>& used, OutboxHold& hold,
                                           std::map<int, int>& reserved) {
@@ -402,7 +402,7 @@ Task<void> drop_after(std::vector<std::pair<DeviceBackend*, tensorplay::Event>> 
 }
 }  // namespace
 
-Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
+Task<Result<PreparedTensors>> DeviceChannelsImpl::prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
                                                       std::vector<tensorplay::Stream> streams, std::vector<Device> targets) {
     PreparedTensors out;
     out.parts.sources.reserve(tensors.size());
@@ -475,7 +475,7 @@ Task<Result<PreparedTensors>> DeviceChannels::prepare(std::shared_ptr<Connection
     co_return out;
 }
 
-Task<bool> DeviceChannels::quiesce(std::chrono::steady_clock::duration limit) {
+Task<bool> DeviceChannelsImpl::quiesce(std::chrono::steady_clock::duration limit) {
     auto alive = std::weak_ptr<void>(alive_);
     const auto until = std::chrono::steady_clock::now() + limit;
     asio::steady_timer timer(co_await asio::this_coro::executor);
@@ -488,7 +488,7 @@ Task<bool> DeviceChannels::quiesce(std::chrono::steady_clock::duration limit) {
     }
 }
 
-Result<void> DeviceChannels::refused_by_peer(const Connection& conn, const RingNotice& n) {
+Result<void> DeviceChannelsImpl::refused_by_peer(const Connection& conn, const RingNotice& n) {
     const bool pool_only = n.chunk == kRefusedPoolOnly;
     if (!outboxes_.count(n.device) || n.offset > 1023 || (n.chunk != 0 && !pool_only) || (pool_only && !pool_fds_.count(n.device)))
         return fail(Errc::protocol_error, "the peer refuses cuda_ipc from cuda:" + std::to_string(n.device) + " to cuda:" +

@@ -1,6 +1,6 @@
 // The agent's device channels, receiving: device tensors landed on fresh pool streams, copies out
 // of the peer's outbox once the host saw its event complete, refusals, and the hold's release.
-#include "transport/channels/device_channels.hpp"
+#include "transport/channels/device_channels_impl.hpp"
 
 #include <tensorplay/core/log.hpp>
 
@@ -27,7 +27,7 @@ Task<void> release_after(DeviceBackend& b, tensorplay::Event copied, std::weak_p
 }
 }  // namespace
 
-Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connection>& conn, Frame& frame,
+Result<DeviceChannels::Landed> DeviceChannelsImpl::land(const std::shared_ptr<Connection>& conn, Frame& frame,
                                                     const DeviceRefs& refs, std::vector<tensorplay::Stream>& streams,
                                                     Deliver later) {
     // (The streams the frame's sinks queued its chunked tensors' arrival on are its streams there.)
@@ -111,7 +111,7 @@ Result<DeviceChannels::Landed> DeviceChannels::land(const std::shared_ptr<Connec
     return Landed::now;
 }
 
-Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
+Result<void> DeviceChannelsImpl::land_refs(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                        const std::function<Result<DeviceStream*>(Device)>& stream_on,
                                        std::vector<std::shared_ptr<RingLanding>>& rings, std::vector<RefCopy>& copies) {
     PeerDevices& p = peer_of(*conn);
@@ -192,7 +192,7 @@ Result<void> DeviceChannels::land_refs(const std::shared_ptr<Connection>& conn, 
     return ok();
 }
 
-Result<tensorplay::Event> DeviceChannels::peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
+Result<tensorplay::Event> DeviceChannelsImpl::peer_event(const std::shared_ptr<Connection>& conn, PeerDevices& p, DeviceBackend& b,
                                                      int source, Device target, int k) {
     const auto key = std::make_tuple(source, target.index, k);
     if (auto it = p.events.find(key); it != p.events.end()) return it->second;
@@ -221,7 +221,7 @@ Result<int> take_descriptor(int pid, int fd) {
 }
 }  // namespace
 
-Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& conn, PeerDevices& p, const TensorDesc& desc,
+Result<Tensor> DeviceChannelsImpl::land_pooled(const std::shared_ptr<Connection>& conn, PeerDevices& p, const TensorDesc& desc,
                                            std::size_t index, const IpcRef& r,
                                            const std::function<Result<DeviceStream*>(Device)>& stream_on,
                                            std::vector<RefCopy>& copies) {
@@ -278,7 +278,7 @@ Result<Tensor> DeviceChannels::land_pooled(const std::shared_ptr<Connection>& co
     return t;
 }
 
-Result<void> DeviceChannels::exported_by_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
+Result<void> DeviceChannelsImpl::exported_by_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
     auto e = decode_pool_export(payload);
     if (!e) return fail(std::move(e).error());
     PeerDevices& p = peer_of(conn);
@@ -292,7 +292,7 @@ Result<void> DeviceChannels::exported_by_peer(const Connection& conn, std::span<
     return ok();
 }
 
-Result<void> DeviceChannels::outbox_of_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
+Result<void> DeviceChannelsImpl::outbox_of_peer(const Connection& conn, std::span<const std::uint8_t> payload) {
     auto decoded = decode_ipc_params(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
     if (!decoded) return fail(std::move(decoded).error().context("a cuda_ipc outbox notice"));
     PeerDevices& p = peer_of(conn);
@@ -312,7 +312,7 @@ Result<void> DeviceChannels::outbox_of_peer(const Connection& conn, std::span<co
     return ok();
 }
 
-Error DeviceChannels::refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
+Error DeviceChannelsImpl::refuse_pool(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
     Error e = std::move(why).context("one copy for cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name +
                                      "\" to " + target.str() + " is off from now on (its tensors come through the outbox)");
     p.pool_refused.emplace(std::make_pair(source, target.index), e);
@@ -321,7 +321,7 @@ Error DeviceChannels::refuse_pool(const std::shared_ptr<Connection>& conn, PeerD
     return e;
 }
 
-Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
+Error DeviceChannelsImpl::refuse(const std::shared_ptr<Connection>& conn, PeerDevices& p, int source, Device target, Error why) {
     Error e = std::move(why).context("cuda_ipc from cuda:" + std::to_string(source) + " of worker \"" + conn->peer().name + "\" to " +
                                      target.str() + " is off from now on (its tensors are staged, as cuda_basic does)");
     p.refused.emplace(std::make_pair(source, target.index), e);
@@ -330,7 +330,7 @@ Error DeviceChannels::refuse(const std::shared_ptr<Connection>& conn, PeerDevice
     return e;
 }
 
-Result<void> DeviceChannels::queue_ref_copies(std::vector<RefCopy>& copies) {
+Result<void> DeviceChannelsImpl::queue_ref_copies(std::vector<RefCopy>& copies) {
     for (auto& c : copies) {
         if (auto r = c.backend->copy_async(c.stream, c.dst, c.src, c.n, c.pooled ? nullptr : c.memory); !r) return r;
         if (c.pooled) c.memory.reset();  // (its free is queued after the copy)
@@ -338,7 +338,7 @@ Result<void> DeviceChannels::queue_ref_copies(std::vector<RefCopy>& copies) {
     return ok();
 }
 
-Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<PendingFrame> frame, std::vector<RefCopy> copies,
+Task<void> DeviceChannelsImpl::gate(std::weak_ptr<Connection> weak, std::shared_ptr<PendingFrame> frame, std::vector<RefCopy> copies,
                                 std::weak_ptr<void> alive) {
     const tensorplay::Event* last = nullptr;
     for (const auto& c : copies) {
@@ -362,7 +362,7 @@ Task<void> DeviceChannels::gate(std::weak_ptr<Connection> weak, std::shared_ptr<
     finish_if_whole(conn, frame);
 }
 
-void DeviceChannels::finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame) {
+void DeviceChannelsImpl::finish_if_whole(const std::shared_ptr<Connection>& conn, const std::shared_ptr<PendingFrame>& frame) {
     if (frame->rings > 0 || frame->gates > 0 || !frame->deliver) return;
     if (frame->hold != 0) release_when_copied(conn, frame->used, frame->hold);
     auto deliver = std::move(frame->deliver);
@@ -373,7 +373,7 @@ void DeviceChannels::finish_if_whole(const std::shared_ptr<Connection>& conn, co
 // The hold goes back once every copy out of the peer's outbox has run: one stream waits for the
 // others, and a coroutine of the agent's awaits an event after them. (After a failure too: the
 // frame is dropped, so what its copies read no longer matters.)
-void DeviceChannels::release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used,
+void DeviceChannelsImpl::release_when_copied(const std::shared_ptr<Connection>& conn, std::vector<DeviceStream>& used,
                                          std::uint64_t hold) {
     DeviceStream* last = nullptr;
     for (auto& ds : used) {

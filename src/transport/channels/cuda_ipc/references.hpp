@@ -1,7 +1,7 @@
 // Private: cuda_ipc's receiving side on one connection (a ReferenceChannel). The connection reads
 // no bytes of such a tensor: it hands the frame over with its references and hold (DeviceRefs,
 // FrameSink::on_device_frame), and the agent's device channels copy the tensors out of the
-// sender's memory and release the hold (device_channels.hpp).
+// sender's memory and release the hold (transport/device_channels.hpp).
 #pragma once
 
 #include "transport/channels/channel.hpp"

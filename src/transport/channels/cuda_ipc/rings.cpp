@@ -4,7 +4,7 @@
 #include <tensorplay/core/timeout.hpp>
 #include <tensorplay/core/wire.hpp>
 
-#include "transport/channels/device_channels.hpp"
+#include "transport/channels/device_channels_impl.hpp"
 #include "transport/channels/cuda_ipc/outbox.hpp"
 #include "transport/connection_ext.hpp"
 
@@ -56,7 +56,7 @@ Result<void> RingLanding::copy_out(std::uint32_t j) {
     return ok();
 }
 
-Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
+Result<void> DeviceChannelsImpl::notice(const std::shared_ptr<Connection>& conn, std::string_view name,
                                     std::span<const std::uint8_t> payload) {
     if (name == kIpcExport) return exported_by_peer(*conn, payload);
     if (name == kIpcOutbox) return outbox_of_peer(*conn, payload);
@@ -100,7 +100,7 @@ Result<void> DeviceChannels::notice(const std::shared_ptr<Connection>& conn, std
 }
 
 // (The event is queried after the notices of every waiting chunk came, so after their records.)
-void DeviceChannels::drain(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l) {
+void DeviceChannelsImpl::drain(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l) {
     if (l->pumping || l->waiting.empty() || !conn->is_open()) return;
     if (!l->event.ready()) {
         l->pumping = true;
@@ -112,7 +112,7 @@ void DeviceChannels::drain(const std::shared_ptr<Connection>& conn, const std::s
     copy_batch(conn, l, batch);
 }
 
-Task<void> DeviceChannels::pump(std::weak_ptr<Connection> weak, std::shared_ptr<RingLanding> l, std::weak_ptr<void> alive) {
+Task<void> DeviceChannelsImpl::pump(std::weak_ptr<Connection> weak, std::shared_ptr<RingLanding> l, std::weak_ptr<void> alive) {
     for (;;) {
         // The chunks announced before this wait starts are the ones it covers.
         auto batch = std::move(l->waiting);
@@ -132,7 +132,7 @@ Task<void> DeviceChannels::pump(std::weak_ptr<Connection> weak, std::shared_ptr<
     }
 }
 
-void DeviceChannels::copy_batch(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l,
+void DeviceChannelsImpl::copy_batch(const std::shared_ptr<Connection>& conn, const std::shared_ptr<RingLanding>& l,
                                 const std::vector<std::uint32_t>& batch) {
     for (std::uint32_t j : batch) {
         if (auto c = l->copy_out(j); !c) {

@@ -1,19 +1,11 @@
-// Private: the agent's device channels (docs/protocol.md, "Channels"). Before a frame with device
-// tensors is sent, its copies are ordered after the work on the message's streams and each device
-// tensor is staged in pinned host memory (cuda_basic: its bytes go inline), exported from its pool
-// (cuda_ipc with one copy: the peer copies it out of the tensor's own memory) or copied into this
-// process's device outbox (cuda_ipc: the peer copies it out, device to device); an arriving
-// frame's device tensors are landed on fresh pool streams without any host wait. A staged tensor
-// larger than a chunk goes through a few pinned slots while the frame is written (cuda_basic/staging.hpp).
+// Private: the device channels' implementation (the interface and its documentation:
+// transport/device_channels.hpp). A staged tensor larger than a chunk goes through a few pinned
+// slots while the frame is written (cuda_basic/staging.hpp); cuda_ipc's outboxes, rings and the
+// peers' announced outboxes and pools are cuda_ipc/.
 #pragma once
 
-#include <tensorplay/core/result.hpp>
-#include <tensorplay/core/task.hpp>
-#include <tensorplay/device/backend.hpp>
-#include <tensorplay/transport/connection.hpp>
-
+#include "transport/device_channels.hpp"
 #include "transport/channels/cuda_ipc/rings.hpp"
-#include "transport/connection_ext.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -29,112 +21,34 @@
 
 namespace tensorplay::detail {
 
-/// Whether a message must go through the device channels: some tensor is on a device other than
-/// the CPU.
-[[nodiscard]] bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept;
-
-struct ReleaseWatch;
-
-/// A frame's tensors made ready for the connection: device ones replaced by their staged host
-/// copies or left for their refs (parts). `released`: set when the peer reads some of them in place
-/// (cuda_ipc with one copy), for await_release.
-struct PreparedTensors {
-    std::vector<Tensor> tensors;
-    DeviceParts parts;
-    std::shared_ptr<ReleaseWatch> released;
-};
-
-/// Bytes of each device's outbox (cuda_ipc): TP_CUDA_IPC_OUTBOX_BYTES, else 64 MiB.
-[[nodiscard]] std::size_t default_outbox_bytes();
-
 class Outbox;
 struct IpcRef;
 struct OutboxHold;
 struct PeerDevices;
 struct RingLanding;
 
-/// One agent's device channels. Used on the agent's executor (spawned coroutines run there too);
-/// the outbox ranges a peer still holds are given back from wherever the connection drops its holds.
-class DeviceChannels {
+class DeviceChannelsImpl final : public DeviceChannels {
 public:
-    /// `outbox_devices`: the local cuda devices that may send by cuda_ipc (when the cuda backend can
-    /// export memory): each gets its outbox at the first tensor that goes by it, not here (an
-    /// agent makes no context on a GPU before it moves a tensor there);
-    /// `channels`: the selected channel names (cuda_ipc, cuda_basic offered when listed).
-    /// `spawn` starts a background coroutine of the agent's (the releases that wait for copies).
-    using Spawn = std::function<void(Task<void>)>;
-    [[nodiscard]] static Result<std::unique_ptr<DeviceChannels>> create(Spawn spawn,
-                                                                        const std::vector<Device>& outbox_devices,
-                                                                        const std::vector<std::string>& channels,
-                                                                        std::size_t outbox_bytes);
-    explicit DeviceChannels(Spawn spawn);
-    ~DeviceChannels();
-    DeviceChannels(const DeviceChannels&) = delete;
-    DeviceChannels& operator=(const DeviceChannels&) = delete;
+    explicit DeviceChannelsImpl(Spawn spawn);
+    ~DeviceChannelsImpl() override;
+    DeviceChannelsImpl(const DeviceChannelsImpl&) = delete;
+    DeviceChannelsImpl& operator=(const DeviceChannelsImpl&) = delete;
 
-    /// The offers for the cuda device type, in torch's order (cuda_ipc, with its parameters, over
-    /// cuda_basic); empty without cuda devices.
-    [[nodiscard]] const std::vector<ChannelOffer>& offers() const noexcept { return offers_; }
-
-    /// Sending on `conn`: orders the copies after the work queued on `streams` (the message's;
-    /// default streams for the others), stages or places every device tensor, and waits (without
-    /// blocking a thread) until the staged bytes are in host memory (a tensor staged in chunks:
-    /// the connection's writer waits for each chunk). `targets[i]`: where tensor i lands on the peer.
+    [[nodiscard]] const std::vector<ChannelOffer>& offers() const noexcept override { return offers_; }
     [[nodiscard]] Task<Result<PreparedTensors>> prepare(std::shared_ptr<Connection> conn, std::vector<Tensor> tensors,
-                                                        std::vector<tensorplay::Stream> streams, std::vector<Device> targets);
-
-    /// Receiving on `conn`: lands `frame`'s device tensors (`refs`: those its peer's cuda_ipc carries) on fresh pool streams (staged host
-    /// bytes copied up; cuda_ipc refs copied out of the peer's outbox or pool once the host has seen its
-    /// event complete: no stream of ours ever waits on another process) and names those streams in
-    /// `streams`; the frame's device hold is released once the copies ran. An error fails the frame
-    /// (protocol_error: a bad ref, and the connection should close). `later`: a frame with tensors
-    /// in cuda_ipc rings (cuda_ipc/rings.hpp), or whose peer's events were not complete yet, is taken,
-    /// and handed to `later` once every copy is queued (never, when the connection closes first).
-    using Deliver = std::function<void(Frame&&, std::vector<tensorplay::Stream>&&)>;
-    enum class Landed { now, later };
+                                                        std::vector<tensorplay::Stream> streams,
+                                                        std::vector<Device> targets) override;
     [[nodiscard]] Result<Landed> land(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
-                                      std::vector<tensorplay::Stream>& streams, Deliver later);
-
-    /// A control frame from `conn`'s peer (cuda_ipc/rings.hpp): a chunk of ours is free (the next
-    /// goes into its slot), one of theirs is ready (copied out), it cannot open our outbox (we
-    /// stage for it from then on), or where a tensor of its next frame lies in its pool.
-    /// protocol_error: the peer is wrong (an unknown name among them), close the connection.
+                                      std::vector<tensorplay::Stream>& streams, Deliver later) override;
     [[nodiscard]] Result<void> notice(const std::shared_ptr<Connection>& conn, std::string_view name,
-                                      std::span<const std::uint8_t> payload);
-
-    /// Receiving on `conn`, as the reader reads it: a sink that lands the staged tensor `desc`
-    /// describes on its target device chunk by chunk (cuda_basic/staging.hpp), for one over a chunk
-    /// on a cuda target; null otherwise. Its stream becomes the frame's stream there (land).
-    [[nodiscard]] Result<std::shared_ptr<ByteSink>> sink(const Connection* conn, const TensorDesc& desc);
-
-    /// Forgets what was opened for `conn` (its peer's outboxes and events).
-    void forget(const Connection* conn);
-
-    /// After `prepared` was sent (or failed to be): lets go of its part of the hold and waits, up to
-    /// `limit`, until the peer released the tensors it reads in place (or the connection closed):
-    /// so a call completes only once nothing reads the caller's tensors any more. False when the
-    /// limit passed first. At once for a frame without such tensors.
-    [[nodiscard]] static Task<bool> await_release(PreparedTensors& prepared, std::chrono::steady_clock::duration limit);
-
-    /// Before a graceful shutdown closes the connections: waits (up to `limit`) until every frame
-    /// sent from our outboxes was released by its peer, that is until their copies out of them ran,
-    /// so that freeing the outboxes races no peer's copy. False when the limit passed first.
-    [[nodiscard]] Task<bool> quiesce(std::chrono::steady_clock::duration limit);
-
-    /// Counters for tests: tensors sent by cuda_ipc and by staging (chunked_sent, _received:
-    /// those of them staged or landed in chunks, cuda_basic/staging.hpp; ring_sent, _received: those
-    /// sent by cuda_ipc through a ring, and ring_chunks_*: their chunks that waited for a notice;
-    /// event_waits: frames that waited for one of an outbox's kOutboxEvents events).
-    struct Stats {
-        std::uint64_t ipc_sent = 0, staged_sent = 0, ipc_received = 0, staged_received = 0, chunked_sent = 0,
-                      chunked_received = 0, ring_sent = 0, ring_received = 0, ring_chunks_sent = 0, ring_chunks_received = 0,
-                      event_waits = 0,  ///< frames that waited for a free outbox event
-                      pooled_sent = 0,  ///< of ipc_sent: with one copy, out of the tensor's own memory
-                      pooled_received = 0;
-    };
-    [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+                                      std::span<const std::uint8_t> payload) override;
+    [[nodiscard]] Result<std::shared_ptr<ByteSink>> sink(const Connection* conn, const TensorDesc& desc) override;
+    void forget(const Connection* conn) override;
+    [[nodiscard]] Task<bool> quiesce(std::chrono::steady_clock::duration limit) override;
+    [[nodiscard]] const Stats& stats() const noexcept override { return stats_; }
 
 private:
+    friend class DeviceChannels;  // (create fills what it made)
     /// prepare's copies: each device tensor into the outbox or staging, on one stream per device
     /// (`used`), its outbox ranges and events in `hold`; `reserved`: an event per cuda index that
     /// prepare took for it (those taken are erased).
