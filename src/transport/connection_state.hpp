@@ -358,6 +358,10 @@ struct DispatchReader {
 
     void operator()(RearmedRead<DispatchReader>& op, std::error_code ec, std::size_t n);
 };
+/// The connection's writer: gathers what is queued into one write per turn until the connection
+/// closes (connection_writer.cpp).
+Task<void> writer_loop(std::shared_ptr<ConnectionState> s);
+
 using DispatchOp = RearmedRead<DispatchReader>;
 
 /// Hands the buffered frames to the reader's sink, then reads on (see DispatchReader). Takes `op`:
