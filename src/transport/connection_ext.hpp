@@ -150,15 +150,26 @@ using SinkAllocator = std::function<Result<std::shared_ptr<ByteSink>>(const Tens
 /// Sets `c`'s sink allocator (asked first, for each tensor whose bytes are on the stream).
 void set_sink_allocator(Connection& c, SinkAllocator allocator);
 
-/// What a device channel adds to a frame it prepared (device_channels.hpp).
-struct DeviceParts {
+/// How a frame's tensors travel, as their channels planned it (the sending side of the channel
+/// seam, docs/map.md): each one inline (its storage's bytes, or a ByteSource's pieces) or by a
+/// reference that the peer's channel resolves. basic plans nothing (every tensor inline); cma
+/// (channels/cma/) plans references into our memory under a lease; the device channels
+/// (device_channels.hpp) staged copies, streamed sources and cuda_ipc references.
+struct SendPlan {
     /// Per tensor the device it was sent from, when not its own (a staged host copy of a device
     /// tensor); missing entries: its own.
     std::vector<Device> sources;
-    /// Per tensor its reference for the peer's device channel (0 or missing: its bytes go inline).
-    /// With any nonzero, the frame goes by reference under a new hold that keeps `keep` until the
-    /// peer's release (or the close). Its tensors with refs need not be host-addressable.
+    /// Per tensor its reference for the peer's channel (0 or missing: its bytes go inline). With
+    /// any nonzero, the frame goes by reference under hold `hold` (0: a new one the connection
+    /// numbers) that keeps `held` and `keep` until the peer's release (or the close). Its tensors
+    /// with refs need not be host-addressable.
     std::vector<std::uint64_t> refs;
+    std::uint64_t hold = 0;
+    /// Tensors the peer reads from our memory (cma), kept by the hold, and their bytes (bounded by
+    /// ConnectionLimits::max_held_bytes).
+    std::vector<Tensor> held;
+    std::size_t held_bytes = 0;
+    /// Let go last: cma's lease, whose word is cleared before the held tensors go.
     std::shared_ptr<void> keep;
     /// Per tensor (missing or null: none) the source its bytes are written from instead of its
     /// storage, which need not be host-addressable then. Such a frame waits for the writer.
@@ -170,7 +181,7 @@ struct DeviceParts {
 
 /// As send_parts, for a frame a device channel prepared (no cma: CPU tensors go inline).
 [[nodiscard]] Result<void> send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                                      std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
+                                      std::vector<Tensor>& tensors, std::span<const Device> targets, const SendPlan& plan,
                                       Flush flush);
 
 /// Tells the peer that we are done with its hold `hold` (DeviceRefs::hold): a device channel's

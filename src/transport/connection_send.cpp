@@ -42,49 +42,52 @@ Result<void> detail::ConnectionState::queue_frame(OutFrame out, bool flush) {
 }
 
 
-namespace {
-/// Queues a frame whose tensors a device channel prepared: staged ones inline (their sources
-/// named), streamed ones from their sources, those with a nonzero ref by reference under a new
-/// device hold that keeps `dev.keep`.
-Result<void> send_device_frame(detail::ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
-                               Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
-                               const detail::DeviceParts& dev, bool flush) {
-    const bool refs = std::any_of(dev.refs.begin(), dev.refs.end(), [](std::uint64_t r) { return r != 0; });
-    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, dev.sources, {}};
+/// Queues a frame as its channels planned it: tensors with a nonzero ref by reference under the
+/// plan's hold (a new one when it names none), which keeps its held tensors and `keep` until the
+/// peer's release; the others inline, from their storage or their streamed source (staged ones
+/// naming the device they came from).
+Result<void> detail::ConnectionState::queue_planned(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                                                    std::vector<Tensor>& tensors, std::span<const Device> targets,
+                                                    const SendPlan& plan, bool flush) {
+    auto& s = *this;
+    const bool refs = std::any_of(plan.refs.begin(), plan.refs.end(), [](std::uint64_t r) { return r != 0; });
+    detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, plan.sources};
     if (refs) {
-        parts.hold = (std::uint64_t{1} << 63) | ++s.device_holds;
-        parts.refs = dev.refs;
+        parts.hold = plan.hold != 0 ? plan.hold : (std::uint64_t{1} << 63) | ++s.device_holds;
+        parts.refs = plan.refs;
     }
     Bytes head;
     bool inl = false;
     if (auto h = detail::encode_frame_head(parts, s.limits, head, inl); !h)
         return fail(std::move(h).error().context("sending to " + s.who()));
-    const bool streamed = std::any_of(dev.streamed.begin(), dev.streamed.end(), [](const auto& p) { return p != nullptr; });
+    const bool streamed = std::any_of(plan.streamed.begin(), plan.streamed.end(), [](const auto& p) { return p != nullptr; });
     detail::OutFrame out{std::move(head), inl ? Bytes{} : std::move(payload), {}, {}};
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        if (refs && i < dev.refs.size() && dev.refs[i] != 0) continue;
+        if (refs && i < plan.refs.size() && plan.refs[i] != 0) continue;
         out.tensors.push_back(std::move(tensors[i]));
-        if (streamed) out.sources.push_back(i < dev.streamed.size() ? dev.streamed[i] : nullptr);
+        if (streamed) out.sources.push_back(i < plan.streamed.size() ? plan.streamed[i] : nullptr);
     }
-    if (refs) s.holds.emplace(parts.hold, detail::ConnectionState::Hold{{}, 0, dev.keep});
+    if (refs) {
+        s.holds.emplace(parts.hold, detail::ConnectionState::Hold{plan.held, plan.held_bytes, plan.keep});
+        s.held_bytes += plan.held_bytes;
+    }
     return s.queue_frame(std::move(out), flush);
 }
-}  // namespace
 
 Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
-                                std::vector<Tensor>& tensors, std::span<const Device> targets, const DeviceParts& dev,
+                                std::vector<Tensor>& tensors, std::span<const Device> targets, const SendPlan& plan,
                                 Flush flush) {
     auto& s = ConnectionAccess::state(c);
     if (!s.open) return fail(s.closed_error());
-    if (auto c = detail::basic_carries(tensors, dev.refs, dev.streamed); !c) return c;
+    if (auto c = detail::basic_carries(tensors, plan.refs, plan.streamed); !c) return c;
     const bool now = s.flushes(flush, kind);
-    for (const auto& [notice, bytes] : dev.preface) {
+    for (const auto& [notice, bytes] : plan.preface) {
         Bytes body = bytes;
         std::vector<Tensor> none;
         if (auto r = send_parts(c, FrameKind::control, 0, notice, body, none, {}, Flush::later); !r) return r;
     }
     ++s.sends;
-    return send_device_frame(s, kind, id, name, payload, tensors, targets, dev, now);
+    return s.queue_planned(kind, id, name, payload, tensors, targets, plan, now);
 }
 
 void detail::release_hold(Connection& c, std::uint64_t hold) { ConnectionAccess::state(c).send_release(hold); }
@@ -98,9 +101,9 @@ Result<void> detail::send_parts(Connection& c, FrameKind kind, std::uint64_t id,
         if (auto c = detail::basic_carries(tensors, {}); !c) return c;
     ++s.sends;
     if (auto* cma = s.channels.cma(); cma && !tensors.empty()) {
-        if (auto by_ref = cma->send(s, kind, id, name, payload, tensors, targets, flush)) return std::move(*by_ref);
+        if (auto plan = cma->plan(s, tensors, targets)) return s.queue_planned(kind, id, name, payload, tensors, targets, *plan, flush);
     }
-    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
+    const detail::FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}};
     bool inl = false;
     // A flushed frame with nothing ahead of it goes out from here, its head encoded into a reused
     // buffer; only a rest the socket does not take is queued for the writer.

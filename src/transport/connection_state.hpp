@@ -44,7 +44,7 @@ struct OutFrame {
     Bytes head;
     Bytes payload;  // empty when inlined into head
     std::vector<Tensor> tensors;
-    /// Per tensor, where set: its bytes come from this source (DeviceParts::streamed), written by
+    /// Per tensor, where set: its bytes come from this source (SendPlan::streamed), written by
     /// the writer only (write_streamed).
     std::vector<std::shared_ptr<ByteSource>> sources;
 };
@@ -216,6 +216,10 @@ struct ConnectionState {
         channel_stats.cma_held = 0;
     }
 
+    /// Queues a frame as its channels planned it (SendPlan: inline, streamed, by reference under a
+    /// hold), flushed as queue_frame.
+    Result<void> queue_planned(FrameKind kind, std::uint64_t id, std::string_view name, Bytes& payload,
+                               std::vector<Tensor>& tensors, std::span<const Device> targets, const SendPlan& plan, bool flush);
     /// Queues `out` for the writer; `flush`: when no write is in progress, writes the queue now.
     /// A queue over limits.max_queued_hard closes the connection (its error is returned).
     Result<void> queue_frame(OutFrame out, bool flush);

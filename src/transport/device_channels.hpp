@@ -36,7 +36,7 @@ struct ReleaseWatch;
 /// (cuda_ipc with one copy), for await_release.
 struct PreparedTensors {
     std::vector<Tensor> tensors;
-    DeviceParts parts;
+    SendPlan parts;
     std::shared_ptr<ReleaseWatch> released;
 };
 

@@ -97,12 +97,7 @@ Result<void> encode_frame_head(const FrameParts& frame, const ConnectionLimits& 
         w.le(static_cast<std::uint8_t>(t.shape().size()));
         for (auto d : t.shape()) w.le(static_cast<std::uint64_t>(d));
         w.le(static_cast<std::uint64_t>(t.nbytes()));
-        if (refs && !frame.refs.empty()) {
-            w.le(i < frame.refs.size() ? frame.refs[i] : std::uint64_t{0});
-        } else if (refs) {
-            const bool ref = i < frame.by_ref.size() && frame.by_ref[i];
-            w.le(ref ? static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.data())) : std::uint64_t{0});
-        }
+        if (refs) w.le(i < frame.refs.size() ? frame.refs[i] : std::uint64_t{0});
     }
     if (refs) w.le(frame.hold);
     if (payload_inline) w.raw(frame.payload.data(), frame.payload.size());
@@ -121,7 +116,7 @@ Bytes encode_release(std::uint64_t hold) {
 Bytes encode_keepalive() {
     Bytes out;
     bool inlined = false;
-    const FrameParts parts{FrameKind::control, 0, kKeepAliveName, {}, {}, {}, 0, {}, {}, {}};
+    const FrameParts parts{FrameKind::control, 0, kKeepAliveName, {}, {}, {}, 0, {}, {}};
     // (Cannot fail: no tensors, a short name, an empty payload, under any limits.)
     (void)encode_frame_head(parts, ConnectionLimits{}, out, inlined);
     return out;

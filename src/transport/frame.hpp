@@ -50,16 +50,14 @@ struct FrameParts {
     std::span<const std::uint8_t> payload;
     std::span<const Tensor> tensors;
     std::span<const Device> targets;  ///< where tensor i lands (missing entries: its own device)
-    /// Nonzero: the frame goes by reference (kFrameByReference) under this hold; `by_ref[i]` says
-    /// which tensors the peer reads from our memory (their bytes are not written).
+    /// Nonzero: the frame goes by reference (kFrameByReference) under this hold, each tensor by
+    /// `refs[i]` (0 or missing: inline), which the peer's channel resolves (cma: an address in our
+    /// memory; cuda_ipc: an outbox range and event).
     std::uint64_t hold = 0;
-    std::span<const std::uint8_t> by_ref;
+    std::span<const std::uint64_t> refs;
     /// Where each tensor is held at the sender, when not its own device (a device channel's staged
     /// copy in host memory names the device it came from); missing entries: its own device.
     std::span<const Device> sources;
-    /// With `hold`: instead of by_ref, the reference each tensor goes by (0: inline), which the
-    /// peer's device channel resolves (cuda_ipc: an outbox range and event).
-    std::span<const std::uint64_t> refs;
 };
 
 /// Encodes header + meta (+ the payload when it is small: `payload_inline` says so) into `out`
@@ -68,7 +66,7 @@ struct FrameParts {
                                              bool& payload_inline);
 [[nodiscard]] inline Result<void> encode_frame_head(const Frame& f, const ConnectionLimits& limits, Bytes& out,
                                                     bool& payload_inline) {
-    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets, 0, {}, {}, {}}, limits, out,
+    return encode_frame_head(FrameParts{f.kind, f.id, f.name, f.payload, f.tensors, f.targets, 0, {}, {}}, limits, out,
                              payload_inline);
 }
 /// The common metadata block, read without allocating: a name and no tensors. False when the

@@ -66,7 +66,7 @@ Result<void> send_ref(Connection& c, std::uint64_t ref, std::size_t n = 4096) {
     if (!t) return fail(t.error());
     std::vector<Tensor> tensors{*t};
     std::vector<Device> targets{Device::cuda(0)};
-    detail::DeviceParts parts;
+    detail::SendPlan parts;
     parts.sources = {Device::cuda(0)};
     parts.refs = {ref};
     Bytes payload = bytes("x");

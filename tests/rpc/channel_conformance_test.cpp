@@ -185,7 +185,7 @@ Result<void> send_tensor(Connection& c, Device source, Device target, std::uint6
     const auto pace = flush ? detail::Flush::now : detail::Flush::later;
     std::vector<Tensor> tensors{Tensor::cpu(DType::uint8, {static_cast<std::int64_t>(n)})};
     std::vector<Device> targets{target};
-    detail::DeviceParts parts;
+    detail::SendPlan parts;
     parts.sources = {source};
     parts.refs = {ref};
     Bytes payload = bytes("x");

@@ -450,7 +450,7 @@ Result<void> send_streamed(Connection& c, std::uint64_t id, std::size_t n, std::
     auto t = empty(Device::cpu(), DType::uint8, {static_cast<std::int64_t>(n)});
     REQUIRE(t);
     std::vector<Tensor> tensors{*t};
-    tensorplay::detail::DeviceParts parts;
+    tensorplay::detail::SendPlan parts;
     parts.streamed.push_back(std::move(src));
     Bytes payload = bytes("streamed");
     const std::string name = "s";

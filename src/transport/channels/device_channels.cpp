@@ -461,7 +461,7 @@ Task<Result<PreparedTensors>> DeviceChannelsImpl::prepare(std::shared_ptr<Connec
         std::vector<std::pair<DeviceBackend*, tensorplay::Event>> events;
         for (auto& ds : used)
             if (auto ev = ds.backend->record_event(ds.stream)) events.emplace_back(ds.backend, std::move(*ev));
-        using Kept = std::tuple<std::shared_ptr<OutboxHold>, std::vector<Tensor>, DeviceParts>;
+        using Kept = std::tuple<std::shared_ptr<OutboxHold>, std::vector<Tensor>, SendPlan>;
         spawn_(drop_after(std::move(events), std::make_shared<Kept>(std::move(hold), std::move(tensors), std::move(out.parts))));
         co_return fail(std::move(queued).error());
     }

@@ -11,38 +11,30 @@
 
 namespace tensorplay::detail {
 
-std::optional<Result<void>> CmaChannel::send(ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
-                                             Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets, bool flush) {
-    std::vector<std::uint8_t> by_ref(tensors.size(), 0);
-    bool any = false;
-    std::size_t bytes = 0;
-    // (Past limits.max_held_bytes bytes the peer has not released, tensors go inline: a peer that never
-    // releases pins at most that much of our memory by reference.)
+std::optional<SendPlan> CmaChannel::plan(ConnectionState& s, const std::vector<Tensor>& tensors,
+                                         std::span<const Device> targets) {
+    // (Past limits.max_held_bytes bytes the peer has not released, tensors go inline: a peer that
+    // never releases pins at most that much of our memory by reference.)
     const std::size_t bound = s.limits.max_held_bytes;
     const std::size_t room = bound == 0 ? SIZE_MAX : s.held_bytes < bound ? bound - s.held_bytes : 0;
+    SendPlan p;
+    p.refs.assign(tensors.size(), 0);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Device target = i < targets.size() ? targets[i] : tensors[i].device();
-        by_ref[i] = tensors[i].defined() && tensors[i].nbytes() <= room - bytes && s.channels.cma_takes(tensors[i], target) ? 1 : 0;
-        if (by_ref[i]) bytes += tensors[i].nbytes();
-        any = any || by_ref[i];
+        const Tensor& t = tensors[i];
+        const Device target = i < targets.size() ? targets[i] : t.device();
+        if (!t.defined() || t.nbytes() > room - p.held_bytes || !s.channels.cma_takes(t, target)) continue;
+        p.refs[i] = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.data()));  // (where the peer reads it)
+        p.held.push_back(t);
+        p.held_bytes += t.nbytes();
     }
-    if (!any) return std::nullopt;
+    if (p.held.empty()) return std::nullopt;
     auto lease = cma::Lease::acquire();
     if (!lease) return std::nullopt;  // every lease of this process is taken: inline
-    const std::uint64_t hold = lease->id();
-    FrameParts parts{kind, id, name, payload, tensors, targets, 0, {}, {}, {}};
-    parts.hold = hold;
-    parts.by_ref = by_ref;
-    Bytes head;
-    bool inl = false;
-    if (auto h = encode_frame_head(parts, s.limits, head, inl); !h) return fail(std::move(h).error().context("sending to " + s.who()));
-    std::vector<Tensor> held, written;
-    for (std::size_t i = 0; i < tensors.size(); ++i) (by_ref[i] ? held : written).push_back(tensors[i]);
-    s.channel_stats.cma_sent += held.size();
-    s.holds.emplace(hold, ConnectionState::Hold{std::move(held), bytes, std::make_shared<cma::Lease>(std::move(*lease))});
-    s.held_bytes += bytes;
-    s.channel_stats.cma_held = s.holds.size();
-    return s.queue_frame(OutFrame{std::move(head), inl ? Bytes{} : std::move(payload), std::move(written), {}}, flush);
+    p.hold = lease->id();
+    p.keep = std::make_shared<cma::Lease>(std::move(*lease));
+    s.channel_stats.cma_sent += p.held.size();
+    s.channel_stats.cma_held = s.holds.size() + 1;  // (the hold queue_planned adds)
+    return p;
 }
 
 Task<Result<void>> CmaChannel::receive(ConnectionState& s, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "transport/channels/channel.hpp"
+#include "transport/connection_ext.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -21,14 +22,14 @@ public:
 
     [[nodiscard]] int peer_pid() const noexcept { return pid_; }
 
-    /// Sends a frame on `s` by reference when some tensor's pair chose cma and it is large enough
-    /// (ChannelTable::cma_takes), within what the peer may hold unreleased (ConnectionLimits::max_held_bytes):
-    /// those tensors are held under a lease (until the peer's release or the close) and their bytes
-    /// not written; the others go inline. Nothing (the caller sends it inline) when every tensor
-    /// goes inline or no lease is free.
-    [[nodiscard]] std::optional<Result<void>> send(ConnectionState& s, FrameKind kind, std::uint64_t id, std::string_view name,
-                                                   Bytes& payload, std::vector<Tensor>& tensors, std::span<const Device> targets,
-                                                   bool flush);
+    /// The sending side: plans a frame on `s` by reference when some tensor's pair chose cma and it
+    /// is large enough (ChannelTable::cma_takes), within what the peer may hold unreleased
+    /// (ConnectionLimits::max_held_bytes): those tensors go by their addresses, held under a
+    /// lease (the plan's hold and keep, until the peer's release or the close), their bytes not
+    /// written; the others inline. Nothing (every tensor inline) when none qualifies or no lease
+    /// is free.
+    [[nodiscard]] std::optional<SendPlan> plan(ConnectionState& s, const std::vector<Tensor>& tensors,
+                                               std::span<const Device> targets);
 
     Task<Result<void>> receive(ConnectionState& s, Frame& f, std::size_t i, const TensorDesc& desc, std::uint64_t ref,
                                std::size_t& held) override;
