@@ -109,7 +109,6 @@ struct PeerLink {
     std::vector<TransportOffer> addresses;
     std::shared_ptr<Connection> conn;
     std::shared_ptr<Flag> connecting;  ///< set while a connect runs; set() when it ends
-    PendingCalls pending;               ///< calls awaiting its replies (CallTable)
     std::optional<Error> last_connect_error;
     /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
     /// fail, instead of waiting on (or looping over) a connect that no longer concerns anyone.
@@ -128,6 +127,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     ~AgentCore();
 
     Executor ex;
+    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Made
+    /// first: the parts made after it (calls, endpoint) spawn into it. Destroyed first too:
+    /// ~AgentCore resets it before any member goes, so that the tasks it cancels then still find
+    /// what they wait on (when the event loop is destroyed with the agent, its tasks' frames go in
+    /// any order, and the last reference to the agent may go with any of them). Always engaged
+    /// until then.
+    std::optional<TaskGroup> tasks;
     std::shared_ptr<Store> store;
     std::shared_ptr<RpcBackendOptions> options;
     const TensorPipeRpcBackendOptions* tp_options = nullptr;
@@ -172,11 +178,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     int shutdown_round = 0;
     /// Device tensors' staging, outboxes and landing (made by listen()).
     std::unique_ptr<DeviceChannels> device_channels;
-    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Last: it
-    /// is destroyed first, so that the tasks it cancels then still find what they wait on (when
-    /// the event loop is destroyed with the agent, its tasks' frames go in any order, and the last
-    /// reference to the agent may go with any of them).
-    TaskGroup tasks;
 
     // ---- native_agent_init.cpp ----
     [[nodiscard]] Task<Result<void>> start();

@@ -107,7 +107,7 @@ public:
     }
 
     /// A connection to a worker waits for replies while calls on it are pending.
-    [[nodiscard]] bool awaiting_input() const override { return peer_ && !peer_->pending.empty(); }
+    [[nodiscard]] bool awaiting_input() const override { return peer_ && core_->calls.in_flight(peer_->info.id) != 0; }
 
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
@@ -120,7 +120,7 @@ public:
             if (code == Errc::connection_lost)
                 log(LogLevel::info, "rpc", "worker \"" + core.self.name + "\" lost its connection to worker \"" +
                                                peer.info.name + "\": " + why.message());
-            core.calls.fail(peer.pending, conn_.get(),
+            core.calls.fail(peer.info.id, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
             // A dynamic member that may have died: checked, and removed when it does not answer.
             if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers.at(peer.info.id) == &peer)
@@ -146,7 +146,7 @@ private:
             return;
         }
         PeerLink& peer = *peer_;
-        PendingCall* pc = CallTable::take(peer.pending, id);
+        PendingCall* pc = core_->calls.take(peer.info.id, id);
         if (!pc) {
             log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
             return;
@@ -359,7 +359,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
     const std::uint64_t id = calls.next_id();
-    PendingCallHandle pc(calls, peer.pending, id, slots);
+    PendingCallHandle pc(calls, rank, id, slots);
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
     // A lone call is written at once; calls made while others are in flight share the writer's
@@ -492,7 +492,7 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
             for (const auto& ch : link.conn->negotiated().channels)
                 p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
         }
-        p.calls_in_flight = link.pending.size();
+        p.calls_in_flight = calls.in_flight(link.info.id);
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
         p.requests_served = c.requests_served;
@@ -525,7 +525,7 @@ std::string NativeAgent::listen_address() const {
     return e.offers().front().address;
 }
 
-std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }
+std::size_t NativeAgent::background_tasks() const { return core_->tasks->running(); }
 
 DeviceChannels::Stats NativeAgent::device_stats() const {
     return core_->device_channels ? core_->device_channels->stats() : DeviceChannels::Stats{};

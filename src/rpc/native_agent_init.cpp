@@ -58,6 +58,7 @@ Task<void> keeping([[maybe_unused]] std::shared_ptr<AgentCore> keep, Task<void> 
 
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
+      tasks(std::in_place, ex),
       store(std::move(args.store)),
       options(std::move(args.options)),
       tuning(with_budget(std::move(t))),
@@ -67,11 +68,10 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
                InboundHooks{[this] { return hello(); }, [this](const HelloInfo& peer) { return admit(peer); },
                             [this](std::shared_ptr<Connection> c) { adopt_connection(std::move(c), -1); },
                             [this](Task<void> task, const char* what) {
-                                return tasks.spawn(keeping(shared_from_this(), std::move(task)), what);
+                                return tasks->spawn(keeping(shared_from_this(), std::move(task)), what);
                             }}),
       handlers(self.name),
-      calls(ex, tasks),  // (tasks: bound now, used later)
-      tasks(ex) {
+      calls(ex, *tasks) {
     slots = &SlotRegistry::of(ex);
     if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
     tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
@@ -86,6 +86,7 @@ AgentCore::~AgentCore() {
         w->parked_in = nullptr;
         w->wake.abandon();
     }
+    tasks.reset();  // (first: it cancels what still runs, while everything it waits on is here)
 }
 
 HelloInfo AgentCore::hello() const {
@@ -163,7 +164,7 @@ Result<void> AgentCore::listen() {
                 if (from.is_cuda()) outbox_devices.push_back(from);
     }
     const std::size_t box = tuning.outbox_bytes ? tuning.outbox_bytes : default_outbox_bytes();
-    auto spawn = [this](Task<void> t) { (void)tasks.spawn(std::move(t), "a cuda_ipc release"); };
+    auto spawn = [this](Task<void> t) { (void)tasks->spawn(std::move(t), "a cuda_ipc release"); };
     auto dc = DeviceChannels::create(spawn, outbox_devices, *chans, box);
     if (!dc) return fail(std::move(dc).error().context("setting up the device channels"));
     device_channels = std::move(*dc);
@@ -245,7 +246,7 @@ Result<void> AgentCore::open_endpoint() {
                                            "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
                                            "secret on every worker");
     }
-    for (std::size_t i = 0; i < endpoint.listeners(); ++i) tasks.spawn(accept_when_ready(shared_from_this(), i), "an accept loop");
+    for (std::size_t i = 0; i < endpoint.listeners(); ++i) tasks->spawn(accept_when_ready(shared_from_this(), i), "an accept loop");
     const std::string of = dynamic() ? std::string(" of a dynamic group") : " of " + std::to_string(world_size);
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + of + ") listening on " + where);
     return ok();
@@ -350,8 +351,8 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             auto draining = calls.drained(deadline);
             if (!co_await std::move(draining)) {
                 std::string to;
-                peers.for_each([&to](const PeerLink& p) {
-                    if (!p.pending.empty()) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
+                peers.for_each([this, &to](const PeerLink& p) {
+                    if (calls.in_flight(p.info.id) != 0) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
                 });
                 result = fail(Errc::timeout, std::to_string(calls.outstanding()) + " call(s) of worker \"" + self.name +
                                                  "\" were still outstanding when the shutdown timeout passed" +
@@ -413,15 +414,15 @@ void AgentCore::close_local(const Error& reason) {
     roster_known.set();
     membership_changed.set();
     peers.for_each([&](PeerLink& p) {
-        calls.fail(p.pending, nullptr, reason);
+        calls.fail(p.info.id, nullptr, reason);
         if (p.conn) p.conn->close(reason);
         p.conn.reset();
         if (p.connecting) p.connecting->set();
     });
     endpoint.close(reason);  // (stops listening; inbound connections close)
     release_workers();
-    tasks.close();
-    tasks.cancel();
+    tasks->close();
+    tasks->cancel();
     calls.close();  // (last: it resumes a draining shutdown in place)
 }
 
@@ -431,9 +432,9 @@ Task<bool> AgentCore::join_tasks(Duration limit) {
         co_await g.join();
         co_return ok();
     };
-    auto joined = co_await with_timeout(joining(tasks), limit);
-    if (joined && tasks.running() == 0) co_return true;
-    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" is shut down with " + std::to_string(tasks.running()) +
+    auto joined = co_await with_timeout(joining(*tasks), limit);
+    if (joined && tasks->running() == 0) co_return true;
+    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" is shut down with " + std::to_string(tasks->running()) +
                                    " background task(s) still running after " +
                                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
                                    " ms (a handler that does not return, or ignores cancellation)");

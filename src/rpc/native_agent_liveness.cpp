@@ -185,14 +185,14 @@ Duration AgentCore::member_timeout() const {
 }
 
 void AgentCore::start_liveness() {
-    tasks.spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
+    tasks->spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
 }
 
 void AgentCore::evict(Error why) {
     if (evicted || state == State::closed) return;
     evicted = why;
     peers.for_each([&](PeerLink& p) {
-        calls.fail(p.pending, nullptr, why);
+        calls.fail(p.info.id, nullptr, why);
         if (p.conn) p.conn->close(why);
         p.conn.reset();
     });
@@ -232,7 +232,7 @@ void AgentCore::suspect(int rank, std::string why) {
     if (!link || std::find(suspects.begin(), suspects.end(), rank) != suspects.end()) return;
     suspects.push_back(rank);
     removals_idle.reset();
-    if (!tasks.spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
+    if (!tasks->spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
         std::erase(suspects, rank);
 }
 

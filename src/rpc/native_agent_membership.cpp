@@ -60,10 +60,10 @@ Task<Result<Message>> answer_membership(std::shared_ptr<AgentCore> core, WorkerI
     log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\": worker \"" + u->subject + "\" " + change_verb(u->change) +
                                    "; the group has " + std::to_string(u->members.size()) + " member(s)");
     if (leaver) {
-        auto draining = core->calls.drained(leaver->pending, Clock::now() + core->membership_wait_limit());
+        auto draining = core->calls.drained(leaver->info.id, Clock::now() + core->membership_wait_limit());
         const bool drained = co_await std::move(draining);
         const Error why(Errc::shutdown, "worker \"" + leaver->info.name + "\" left the group", leaver->info.name);
-        if (!drained) core->calls.fail(leaver->pending, nullptr, why);
+        if (!drained) core->calls.fail(leaver->info.id, nullptr, why);
         if (leaver->conn) leaver->conn->close(why);
         leaver->conn.reset();
     }
@@ -201,7 +201,7 @@ Task<std::vector<Result<Message>>> AgentCore::call_each(std::vector<std::string>
     f->results.resize(to.size());
     f->left = to.size();
     for (std::size_t i = 0; i < to.size(); ++i) {
-        if (!tasks.spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
+        if (!tasks->spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
             f->results[i] = fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
             --f->left;
         }
@@ -403,7 +403,7 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         if (!link) continue;
         if (update.change == MembershipChange::leave && link->info.name == update.subject) continue;
         const Error why(Errc::connection_lost, "worker \"" + link->info.name + "\" is no longer a member of the group", link->info.name);
-        calls.fail(link->pending, nullptr, why);
+        calls.fail(link->info.id, nullptr, why);
         if (link->conn) link->conn->close(why);
         link->conn.reset();
         // Its connect's waiters wake and see it removed (ensure_connected): a set event left in

@@ -167,7 +167,7 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
     if (idle_workers.empty()) {
         ServeRequest req;
         fill(req);
-        if (!tasks.spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
+        if (!tasks->spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
             --metrics.requests_running;  // (closing: nobody will answer it)
         return;
     }
