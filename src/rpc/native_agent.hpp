@@ -15,6 +15,7 @@
 #include "core/log_throttle.hpp"
 #include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
+#include "rpc/group_membership.hpp"
 #include "rpc/handler_registry.hpp"
 #include "rpc/membership.hpp"
 #include "rpc/peer_table.hpp"
@@ -141,9 +142,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     WorkerInfo self;
     int world_size = 0;  ///< <= 0: a dynamic group's member (DYNAMIC_WORLD_SIZE)
     State state = State::starting;
-    /// A dynamic member's view of the group, this worker included, by rank: what every member
-    /// recomputes its maps from (native_agent_membership.cpp).
-    std::vector<GroupMember> members;
+    /// A dynamic member's view of its group: the members, removal checks, leaving, eviction
+    /// (group_membership.hpp; native_agent_membership.cpp and native_agent_liveness.cpp drive it).
+    Membership membership;
     /// This worker's devices: as the device-map exchange (static) or the last membership update
     /// (dynamic) computed them.
     std::vector<Device> devices;
@@ -217,9 +218,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A dynamic group's gate on requests: a peer that is not a member (a joiner, a removed member)
     /// may call only what joining needs; the error to answer it with otherwise (logged once a name).
     [[nodiscard]] std::optional<Error> refuse_caller(const HelloInfo& peer, std::string_view handler);
-    /// Names of refused callers already logged (bounded: a flood of names logs a bounded count).
-    std::vector<std::string> refused_logged;
-    /// Makes the peer table, maps and device list those of `update`'s members (seed rules).
+    /// Makes the peer table, maps, device list and `membership` those of `update`'s members (seed
+    /// rules), then wakes membership.changed()'s waiters.
     [[nodiscard]] Result<void> apply_membership(const MembershipUpdate& update);
     /// Adds a member to the peer table (and its counters), listening at `addresses`.
     [[nodiscard]] Result<void> add_member(const WorkerInfo& info, std::vector<TransportOffer> addresses);
@@ -235,8 +235,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
     /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
     [[nodiscard]] Task<void> forget_member(int rank);
-    /// Set at the end of every apply_membership (and by close_local); waiters reset it.
-    Flag membership_changed;
     /// The bound of every wait of a join, a leave or a removal.
     [[nodiscard]] Duration membership_wait_limit() const;
 
@@ -247,16 +245,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     void start_liveness();
     /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): it is
     /// probed and, when it does not answer, removed from the group under the token. One check per
-    /// member at a time.
+    /// member at a time (membership.begin_check).
     void suspect(int rank, std::string why);
-    /// Ranks whose removal check runs; `removals_idle` is set when the last one ends.
-    std::vector<int> suspects;
-    Flag removals_idle;
-    /// Set by a graceful leave: connections that close from then on are no sign of a death.
-    bool leaving = false;
-    /// Set when the group removed this member while it was alive (its claim on its rank is gone):
-    /// why every call of this worker fails from then on (evict()).
-    std::optional<Error> evicted;
     /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
     /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
     void evict(Error why);

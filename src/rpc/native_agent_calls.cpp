@@ -254,7 +254,7 @@ Duration timeout_duration(double secs) {
 }  // namespace
 
 int AgentCore::ready_rank(const std::string& to) {
-    if ((state != State::running && state != State::starting) || evicted) return -1;  // (check_call says why)
+    if ((state != State::running && state != State::starting) || membership.evicted()) return -1;  // (check_call says why)
     const PeerLink* peer = peers.at(last_called);
     if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
         const int rank = peers.rank_of(to);
@@ -268,7 +268,7 @@ int AgentCore::ready_rank(const std::string& to) {
 Result<int> AgentCore::check_call(const std::string& to) const {
     if (state == State::closed || state == State::draining)
         return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
-    if (evicted) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
+    if (const auto& evicted = membership.evicted()) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
     const int rank = peers.rank_of(to);
     if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers.names() + ")");
     return rank;

@@ -412,7 +412,7 @@ void AgentCore::close_local(const Error& reason) {
     state = State::closed;
     closed.store(true, std::memory_order_release);
     roster_known.set();
-    membership_changed.set();
+    membership.notify_changed();
     peers.for_each([&](PeerLink& p) {
         calls.fail(p.info.id, nullptr, reason);
         if (p.conn) p.conn->close(reason);
