@@ -19,6 +19,7 @@
 #include "rpc/handler_registry.hpp"
 #include "rpc/membership.hpp"
 #include "rpc/peer_table.hpp"
+#include "rpc/serving_pool.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "transport/channels/device_channels.hpp"
@@ -72,36 +73,7 @@ struct NativeAgentTuning {
     OutputBounds reply_bounds{std::size_t(64) << 20, std::size_t(1) << 30, std::size_t(256) << 20};
 };
 
-/// A coroutine that serves requests, parked between them. The reader hands it the next request
-/// and resumes it in place; co_spawn per request would post a completion through the event loop.
-/// A parked worker holds no reference to the agent; whoever wakes it hands it one.
 struct AgentCore;
-
-/// A request as a serving worker takes it: the handler is looked up (and counted as running) by
-/// the reader, so that unregister waits for it.
-struct ServeRequest {
-    std::uint64_t id = 0;
-    std::shared_ptr<HandlerEntry> entry;  ///< null: no such handler (`unknown` names it), or `error`
-    std::string unknown;
-    Message message;
-    std::optional<Error> error;  ///< the request could not be received whole (a tensor refused)
-};
-
-struct ServeWorker {
-    ServeWorker() = default;
-    ServeWorker(const ServeWorker&) = delete;
-    ServeWorker& operator=(const ServeWorker&) = delete;
-    /// A parked worker destroyed without being woken (its event loop went first, destroying the
-    /// parked frame) leaves its agent's idle list.
-    ~ServeWorker();
-
-    ResumeSlot wake;
-    std::shared_ptr<AgentCore> core;
-    std::shared_ptr<Connection> conn;
-    bool has_request = false;  ///< false when woken to exit
-    AgentCore* parked_in = nullptr;  ///< whose idle list holds this worker (no reference held)
-    ServeRequest req;
-};
 
 /// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
 struct PeerLink {
@@ -166,11 +138,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::vector<ChannelOffer> channel_offers;
 
     HandlerRegistry handlers;
-    std::mutex pool_mutex;
-    std::unique_ptr<asio::thread_pool> pool;
+    /// Serving workers parked between requests (woken to exit by close_local) and the blocking
+    /// handlers' threads (serving_pool.hpp).
+    ServingPool serving;
 
     SlotRegistry* slots = nullptr;  // this event loop's, for the calls' slots (looking it up takes a mutex)
-    std::vector<ServeWorker*> idle_workers;  // parked serving coroutines (woken to exit by close_local)
 
     /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
     /// graceful shutdown waits to reach zero.
@@ -306,12 +278,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// `error`: it could not be received whole (answered with that error).
     void serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name, Message&& message,
                        Error* error);
-    /// Wakes every parked worker to exit.
-    void release_workers();
-    /// Parks `w` for the next request unless the agent is closing, enough are parked already, or
-    /// `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
+    /// Parks `w` in `serving` for the next request unless the agent is closing, enough are parked
+    /// already, or `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
-    [[nodiscard]] asio::thread_pool& worker_pool();
 };
 
 /// CUDA devices this process's device backend has (0 without one).

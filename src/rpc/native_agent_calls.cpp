@@ -236,15 +236,6 @@ AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connecti
     return Landing::failed;
 }
 
-asio::thread_pool& AgentCore::worker_pool() {
-    std::lock_guard lock(pool_mutex);
-    if (!pool) {
-        int n = tp_options ? tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
-        pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(n > 0 ? n : 1));
-    }
-    return *pool;
-}
-
 namespace {
 
 Duration timeout_duration(double secs) {

@@ -79,13 +79,7 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
 
 AgentCore::~AgentCore() {
     // Parked workers wait for a request that can no longer come.
-    // One at a time: destroying a worker's frame may touch the list.
-    while (!idle_workers.empty()) {
-        ServeWorker* w = idle_workers.back();
-        idle_workers.pop_back();
-        w->parked_in = nullptr;
-        w->wake.abandon();
-    }
+    serving.abandon();
     tasks.reset();  // (first: it cancels what still runs, while everything it waits on is here)
 }
 
@@ -420,7 +414,7 @@ void AgentCore::close_local(const Error& reason) {
         if (p.connecting) p.connecting->set();
     });
     endpoint.close(reason);  // (stops listening; inbound connections close)
-    release_workers();
+    serving.close();  // (parked workers wake to exit)
     tasks->close();
     tasks->cancel();
     calls.close();  // (last: it resumes a draining shutdown in place)
