@@ -75,24 +75,12 @@ struct NativeAgentTuning {
 
 struct AgentCore;
 
-/// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
-struct PeerLink {
-    WorkerInfo info;
-    /// Where it listens, one address per transport, in its priority order (published in the store).
-    std::vector<TransportOffer> addresses;
-    std::shared_ptr<Connection> conn;
-    std::shared_ptr<Flag> connecting;  ///< set while a connect runs; set() when it ends
-    std::optional<Error> last_connect_error;
-    /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
-    /// fail, instead of waiting on (or looping over) a connect that no longer concerns anyone.
-    std::optional<Error> removed;
-    DeviceMap map;      ///< my device -> its device (device_maps[to])
-    DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
-};
-
 /// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
 /// Every coroutine the agent starts in the background is a member of `tasks` (and holds a
 /// shared_ptr to it, so it outlives them): close_local cancels them, shutdown waits for them.
+/// Every member is made by the constructor's list, in the order declared (a member's constructor
+/// uses only those above it; callbacks it keeps run later): the task group first, then the
+/// configuration, the group's state and its parts.
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
     enum class State { starting, running, draining, closed };
 

@@ -52,6 +52,12 @@ NativeAgentTuning with_budget(NativeAgentTuning t) {
     return t;
 }
 
+/// The options given, or the defaults.
+std::shared_ptr<RpcBackendOptions> options_or_default(std::shared_ptr<RpcBackendOptions> o) {
+    if (o) return o;
+    return std::make_shared<TensorPipeRpcBackendOptions>();
+}
+
 /// Runs `t` holding the agent (a task of its group outlives nothing it uses).
 Task<void> keeping([[maybe_unused]] std::shared_ptr<AgentCore> keep, Task<void> t) { co_await std::move(t); }
 }  // namespace
@@ -60,7 +66,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
     : ex(std::move(executor)),
       tasks(std::in_place, ex),
       store(std::move(args.store)),
-      options(std::move(args.options)),
+      options(options_or_default(std::move(args.options))),
+      tp_options(dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get())),
       tuning(with_budget(std::move(t))),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
@@ -71,11 +78,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
                                 return tasks->spawn(keeping(shared_from_this(), std::move(task)), what);
                             }}),
       handlers(self.name),
-      calls(ex, *tasks) {
-    slots = &SlotRegistry::of(ex);
-    if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
-    tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
-}
+      slots(&SlotRegistry::of(ex)),
+      calls(ex, *tasks) {}
 
 AgentCore::~AgentCore() {
     // Parked workers wait for a request that can no longer come.
