@@ -116,27 +116,22 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// has read every worker's address.
     PeerTable peers;
     bool roster_read = false;  ///< `peers` holds the whole group
-    int last_called = -1;      // the rank ready_rank found last (never our own)
 
     /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
     /// it, so the accept loops wait for it (early connections wait in the listen backlog).
     Flag roster_known;
     /// Listeners and offers, the group's key, and inbound connections (endpoint.hpp).
     Endpoint endpoint;
-    std::vector<ChannelOffer> channel_offers;
 
     HandlerRegistry handlers;
     /// Serving workers parked between requests (woken to exit by close_local) and the blocking
     /// handlers' threads (serving_pool.hpp).
     ServingPool serving;
 
-    SlotRegistry* slots = nullptr;  // this event loop's, for the calls' slots (looking it up takes a mutex)
-
     /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
     /// graceful shutdown waits to reach zero.
     CallTable calls;
     AgentMetrics metrics;                         // get_debug_info's counters
-    int shutdown_round = 0;
     /// Device tensors' staging, outboxes and landing (made by listen()).
     std::unique_ptr<DeviceChannels> device_channels;
 
@@ -269,6 +264,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Parks `w` in `serving` for the next request unless the agent is closing, enough are parked
     /// already, or `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
+
+private:
+    // (Used by the member functions only.)
+    SlotRegistry* slots_;                      // this event loop's, for the calls' slots (looking it up takes a mutex)
+    int last_called_ = -1;                     // the rank ready_rank found last (never our own)
+    std::vector<ChannelOffer> channel_offers_;  // the channels this worker offers (hello); made by listen()
+    int shutdown_round_ = 0;                   // a static group's graceful shutdowns so far (their barriers' names)
 };
 
 /// CUDA devices this process's device backend has (0 without one).

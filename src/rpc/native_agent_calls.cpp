@@ -246,14 +246,14 @@ Duration timeout_duration(double secs) {
 
 int AgentCore::ready_rank(const std::string& to) {
     if ((state != State::running && state != State::starting) || membership.evicted()) return -1;  // (check_call says why)
-    const PeerLink* peer = peers.at(last_called);
+    const PeerLink* peer = peers.at(last_called_);
     if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
         const int rank = peers.rank_of(to);
         if (rank < 0 || rank == self.id) return -1;
-        last_called = rank;
+        last_called_ = rank;
         peer = peers.at(rank);
     }
-    return peer->conn && peer->conn->is_open() ? last_called : -1;
+    return peer->conn && peer->conn->is_open() ? last_called_ : -1;
 }
 
 Result<int> AgentCore::check_call(const std::string& to) const {
@@ -350,7 +350,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
     const std::uint64_t id = calls.next_id();
-    PendingCallHandle pc(calls, rank, id, slots);
+    PendingCallHandle pc(calls, rank, id, slots_);
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
     // A lone call is written at once; calls made while others are in flight share the writer's

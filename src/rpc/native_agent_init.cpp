@@ -78,8 +78,8 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
                                 return tasks->spawn(keeping(shared_from_this(), std::move(task)), what);
                             }}),
       handlers(self.name),
-      slots(&SlotRegistry::of(ex)),
-      calls(ex, *tasks) {}
+      calls(ex, *tasks),
+      slots_(&SlotRegistry::of(ex)) {}
 
 AgentCore::~AgentCore() {
     // Parked workers wait for a request that can no longer come.
@@ -92,7 +92,7 @@ HelloInfo AgentCore::hello() const {
     h.name = self.name;
     h.rank = self.id;
     h.transports = endpoint.offers();
-    h.channels = channel_offers;
+    h.channels = channel_offers_;
     return h;
 }
 
@@ -167,8 +167,8 @@ Result<void> AgentCore::listen() {
     if (!dc) return fail(std::move(dc).error().context("setting up the device channels"));
     device_channels = std::move(*dc);
     for (auto& c : *chans)
-        if (c != "cuda_ipc" && c != "cuda_basic") channel_offers.push_back(ChannelOffer{c, "cpu", "any"});
-    for (const auto& o : device_channels->offers()) channel_offers.push_back(o);
+        if (c != "cuda_ipc" && c != "cuda_basic") channel_offers_.push_back(ChannelOffer{c, "cpu", "any"});
+    for (const auto& o : device_channels->offers()) channel_offers_.push_back(o);
     return ok();
 }
 
@@ -361,7 +361,7 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": its calls have finished; waiting for every worker to stop calling");
             Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
             if (left < Duration::zero() && deadline != Clock::time_point::max()) left = Duration(1);
-            const std::string round = "shutdown/" + std::to_string(++shutdown_round);
+            const std::string round = "shutdown/" + std::to_string(++shutdown_round_);
             auto b = co_await barrier(round, left, true);
             if (!b) result = fail(std::move(b).error().context("graceful shutdown of worker \"" + self.name + "\""));
             if (b && device_channels) {
