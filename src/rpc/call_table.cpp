@@ -8,20 +8,24 @@ namespace tensorplay::detail {
 CallTable::CallTable(Executor ex, TaskGroup& tasks)
     : deadlines_(std::move(ex), tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {}
 
-void CallTable::remove(PendingCalls& pending, std::uint64_t id, PendingCall& pc) noexcept {
+void CallTable::remove(int rank, std::uint64_t id, PendingCall& pc) noexcept {
     // A reply or a failure took it out of the map already (and set its result); only a timeout,
     // a cancellation or the frame's destruction leaves it there.
-    if (!pc.result) pending.erase(id);
+    if (!pc.result)
+        if (PendingCalls* p = of(rank)) p->erase(id);
     deadlines_.remove(pc);
 }
 
-void CallTable::fail(PendingCalls& pending, const Connection* conn, const Error& reason) {
-    // Ids first: finishing a call resumes its caller in place, which may start (or end) others.
+void CallTable::fail(int rank, const Connection* conn, const Error& reason) {
+    PendingCalls* pending = of(rank);
+    if (!pending) return;
+    // Ids first: finishing a call resumes its caller in place, which may start (or end) others
+    // (and grow by_rank_: take() looks the rank up again each time).
     std::vector<std::uint64_t> ids;
-    for (const auto& [id, pc] : pending)
+    for (const auto& [id, pc] : *pending)
         if (conn == nullptr || pc->conn == conn) ids.push_back(id);
     for (auto id : ids)
-        if (PendingCall* pc = take(pending, id)) pc->finish(tensorplay::fail(reason));
+        if (PendingCall* pc = take(rank, id)) pc->finish(tensorplay::fail(reason));
 }
 
 template <class Done>
@@ -48,13 +52,13 @@ Task<bool> CallTable::drained(Clock::time_point deadline) {
     return wait_until([this] { return outstanding_ == 0; }, deadline);
 }
 
-Task<bool> CallTable::drained(const PendingCalls& pending, Clock::time_point deadline) {
+Task<bool> CallTable::drained(int rank, Clock::time_point deadline) {
     ++watching_;
     struct Unwatch {
         std::size_t& n;
         ~Unwatch() { --n; }
     } unwatch{watching_};
-    co_return co_await wait_until([&pending] { return pending.empty(); }, deadline);
+    co_return co_await wait_until([this, rank] { return in_flight(rank) == 0; }, deadline);
 }
 
 void CallTable::close() {

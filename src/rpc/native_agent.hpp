@@ -15,9 +15,11 @@
 #include "core/log_throttle.hpp"
 #include "rpc/call_table.hpp"
 #include "rpc/agent_metrics.hpp"
+#include "rpc/group_membership.hpp"
 #include "rpc/handler_registry.hpp"
 #include "rpc/membership.hpp"
 #include "rpc/peer_table.hpp"
+#include "rpc/serving_pool.hpp"
 #include "core/resume_slot.hpp"
 #include "core/task_group.hpp"
 #include "transport/device_channels.hpp"
@@ -78,56 +80,14 @@ struct NativeAgentTuning {
 /// The limits of the agent's inbound connections: `tuning.limits` with its reply bounds.
 [[nodiscard]] ConnectionLimits inbound_limits(const NativeAgentTuning& tuning);
 
-/// A coroutine that serves requests, parked between them. The reader hands it the next request
-/// and resumes it in place; co_spawn per request would post a completion through the event loop.
-/// A parked worker holds no reference to the agent; whoever wakes it hands it one.
 struct AgentCore;
-
-/// A request as a serving worker takes it: the handler is looked up (and counted as running) by
-/// the reader, so that unregister waits for it.
-struct ServeRequest {
-    std::uint64_t id = 0;
-    std::shared_ptr<HandlerEntry> entry;  ///< null: no such handler (`unknown` names it), or `error`
-    std::string unknown;
-    Message message;
-    std::optional<Error> error;  ///< the request could not be received whole (a tensor refused)
-};
-
-struct ServeWorker {
-    ServeWorker() = default;
-    ServeWorker(const ServeWorker&) = delete;
-    ServeWorker& operator=(const ServeWorker&) = delete;
-    /// A parked worker destroyed without being woken (its event loop went first, destroying the
-    /// parked frame) leaves its agent's idle list.
-    ~ServeWorker();
-
-    ResumeSlot wake;
-    std::shared_ptr<AgentCore> core;
-    std::shared_ptr<Connection> conn;
-    bool has_request = false;  ///< false when woken to exit
-    AgentCore* parked_in = nullptr;  ///< whose idle list holds this worker (no reference held)
-    ServeRequest req;
-};
-
-/// The outgoing side towards one worker: one connection, reused by every call, opened lazily.
-struct PeerLink {
-    WorkerInfo info;
-    /// Where it listens, one address per transport, in its priority order (published in the store).
-    std::vector<TransportOffer> addresses;
-    std::shared_ptr<Connection> conn;
-    std::shared_ptr<Flag> connecting;  ///< set while a connect runs; set() when it ends
-    PendingCalls pending;               ///< calls awaiting its replies (CallTable)
-    std::optional<Error> last_connect_error;
-    /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
-    /// fail, instead of waiting on (or looping over) a connect that no longer concerns anyone.
-    std::optional<Error> removed;
-    DeviceMap map;      ///< my device -> its device (device_maps[to])
-    DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
-};
 
 /// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
 /// Every coroutine the agent starts in the background is a member of `tasks` (and holds a
 /// shared_ptr to it, so it outlives them): close_local cancels them, shutdown waits for them.
+/// Every member is made by the constructor's list, in the order declared (a member's constructor
+/// uses only those above it; callbacks it keeps run later): the task group first, then the
+/// configuration, the group's state and its parts.
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
     enum class State { starting, running, draining, closed };
 
@@ -135,6 +95,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     ~AgentCore();
 
     Executor ex;
+    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Made
+    /// first: the parts made after it (calls, endpoint) spawn into it. Destroyed first too:
+    /// ~AgentCore resets it before any member goes, so that the tasks it cancels then still find
+    /// what they wait on (when the event loop is destroyed with the agent, its tasks' frames go in
+    /// any order, and the last reference to the agent may go with any of them). Always engaged
+    /// until then.
+    std::optional<TaskGroup> tasks;
     std::shared_ptr<Store> store;
     std::shared_ptr<RpcBackendOptions> options;
     const TensorPipeRpcBackendOptions* tp_options = nullptr;
@@ -142,9 +109,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     WorkerInfo self;
     int world_size = 0;  ///< <= 0: a dynamic group's member (DYNAMIC_WORLD_SIZE)
     State state = State::starting;
-    /// A dynamic member's view of the group, this worker included, by rank: what every member
-    /// recomputes its maps from (native_agent_membership.cpp).
-    std::vector<GroupMember> members;
+    /// A dynamic member's view of its group: the members, removal checks, leaving, eviction
+    /// (group_membership.hpp; native_agent_membership.cpp and native_agent_liveness.cpp drive it).
+    Membership membership;
     /// This worker's devices: as the device-map exchange (static) or the last membership update
     /// (dynamic) computed them.
     std::vector<Device> devices;
@@ -156,34 +123,24 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// has read every worker's address.
     PeerTable peers;
     bool roster_read = false;  ///< `peers` holds the whole group
-    int last_called = -1;      // the rank ready_rank found last (never our own)
 
     /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
     /// it, so the accept loops wait for it (early connections wait in the listen backlog).
     Flag roster_known;
     /// Listeners and offers, the group's key, and inbound connections (endpoint.hpp).
     Endpoint endpoint;
-    std::vector<ChannelOffer> channel_offers;
 
     HandlerRegistry handlers;
-    std::mutex pool_mutex;
-    std::unique_ptr<asio::thread_pool> pool;
-
-    SlotRegistry* slots = nullptr;  // this event loop's, for the calls' slots (looking it up takes a mutex)
-    std::vector<ServeWorker*> idle_workers;  // parked serving coroutines (woken to exit by close_local)
+    /// Serving workers parked between requests (woken to exit by close_local) and the blocking
+    /// handlers' threads (serving_pool.hpp).
+    ServingPool serving;
 
     /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
     /// graceful shutdown waits to reach zero.
     CallTable calls;
     AgentMetrics metrics;                         // get_debug_info's counters
-    int shutdown_round = 0;
     /// Device tensors' staging, outboxes and landing (made by listen()).
     std::unique_ptr<DeviceChannels> device_channels;
-    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Last: it
-    /// is destroyed first, so that the tasks it cancels then still find what they wait on (when
-    /// the event loop is destroyed with the agent, its tasks' frames go in any order, and the last
-    /// reference to the agent may go with any of them).
-    TaskGroup tasks;
 
     // ---- native_agent_init.cpp ----
     [[nodiscard]] Task<Result<void>> start();
@@ -223,9 +180,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A dynamic group's gate on requests: a peer that is not a member (a joiner, a removed member)
     /// may call only what joining needs; the error to answer it with otherwise (logged once a name).
     [[nodiscard]] std::optional<Error> refuse_caller(const HelloInfo& peer, std::string_view handler);
-    /// Names of refused callers already logged (bounded: a flood of names logs a bounded count).
-    std::vector<std::string> refused_logged;
-    /// Makes the peer table, maps and device list those of `update`'s members (seed rules).
+    /// Makes the peer table, maps, device list and `membership` those of `update`'s members (seed
+    /// rules), then wakes membership.changed()'s waiters.
     [[nodiscard]] Result<void> apply_membership(const MembershipUpdate& update);
     /// Adds a member to the peer table (and its counters), listening at `addresses`.
     [[nodiscard]] Result<void> add_member(const WorkerInfo& info, std::vector<TransportOffer> addresses);
@@ -241,8 +197,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
     /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
     [[nodiscard]] Task<void> forget_member(int rank);
-    /// Set at the end of every apply_membership (and by close_local); waiters reset it.
-    Flag membership_changed;
     /// The bound of every wait of a join, a leave or a removal.
     [[nodiscard]] Duration membership_wait_limit() const;
 
@@ -253,16 +207,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     void start_liveness();
     /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): it is
     /// probed and, when it does not answer, removed from the group under the token. One check per
-    /// member at a time.
+    /// member at a time (membership.begin_check).
     void suspect(int rank, std::string why);
-    /// Ranks whose removal check runs; `removals_idle` is set when the last one ends.
-    std::vector<int> suspects;
-    Flag removals_idle;
-    /// Set by a graceful leave: connections that close from then on are no sign of a death.
-    bool leaving = false;
-    /// Set when the group removed this member while it was alive (its claim on its rank is gone):
-    /// why every call of this worker fails from then on (evict()).
-    std::optional<Error> evicted;
     /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
     /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
     void evict(Error why);
@@ -322,12 +268,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// `error`: it could not be received whole (answered with that error).
     void serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name, Message&& message,
                        Error* error);
-    /// Wakes every parked worker to exit.
-    void release_workers();
-    /// Parks `w` for the next request unless the agent is closing, enough are parked already, or
-    /// `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
+    /// Parks `w` in `serving` for the next request unless the agent is closing, enough are parked
+    /// already, or `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
-    [[nodiscard]] asio::thread_pool& worker_pool();
+
+private:
+    // (Used by the member functions only.)
+    SlotRegistry* slots_;                      // this event loop's, for the calls' slots (looking it up takes a mutex)
+    int last_called_ = -1;                     // the rank ready_rank found last (never our own)
+    std::vector<ChannelOffer> channel_offers_;  // the channels this worker offers (hello); made by listen()
+    int shutdown_round_ = 0;                   // a static group's graceful shutdowns so far (their barriers' names)
 };
 
 /// CUDA devices this process's device backend has (0 without one).

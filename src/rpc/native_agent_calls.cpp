@@ -118,7 +118,7 @@ public:
     }
 
     /// A connection to a worker waits for replies while calls on it are pending.
-    [[nodiscard]] bool awaiting_input() const override { return peer_ && !peer_->pending.empty(); }
+    [[nodiscard]] bool awaiting_input() const override { return peer_ && core_->calls.in_flight(peer_->info.id) != 0; }
     /// Every request is answered (serve_request), by a reply or an error.
     [[nodiscard]] bool answers_requests() const override { return true; }
 
@@ -133,7 +133,7 @@ public:
             if (code == Errc::connection_lost)
                 log(LogLevel::info, "rpc", "worker \"" + core.self.name + "\" lost its connection to worker \"" +
                                                peer.info.name + "\": " + why.message());
-            core.calls.fail(peer.pending, conn_.get(),
+            core.calls.fail(peer.info.id, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
             // A dynamic member that may have died: checked, and removed when it does not answer.
             if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers.at(peer.info.id) == &peer)
@@ -159,7 +159,7 @@ private:
             return;
         }
         PeerLink& peer = *peer_;
-        PendingCall* pc = CallTable::take(peer.pending, id);
+        PendingCall* pc = core_->calls.take(peer.info.id, id);
         if (!pc) {
             log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
             return;
@@ -244,15 +244,6 @@ AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connecti
     return Landing::failed;
 }
 
-asio::thread_pool& AgentCore::worker_pool() {
-    std::lock_guard lock(pool_mutex);
-    if (!pool) {
-        int n = tp_options ? tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
-        pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(n > 0 ? n : 1));
-    }
-    return *pool;
-}
-
 namespace {
 
 Duration timeout_duration(double secs) {
@@ -262,21 +253,21 @@ Duration timeout_duration(double secs) {
 }  // namespace
 
 int AgentCore::ready_rank(const std::string& to) {
-    if ((state != State::running && state != State::starting) || evicted) return -1;  // (check_call says why)
-    const PeerLink* peer = peers.at(last_called);
+    if ((state != State::running && state != State::starting) || membership.evicted()) return -1;  // (check_call says why)
+    const PeerLink* peer = peers.at(last_called_);
     if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
         const int rank = peers.rank_of(to);
         if (rank < 0 || rank == self.id) return -1;
-        last_called = rank;
+        last_called_ = rank;
         peer = peers.at(rank);
     }
-    return peer->conn && peer->conn->is_open() ? last_called : -1;
+    return peer->conn && peer->conn->is_open() ? last_called_ : -1;
 }
 
 Result<int> AgentCore::check_call(const std::string& to) const {
     if (state == State::closed || state == State::draining)
         return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
-    if (evicted) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
+    if (const auto& evicted = membership.evicted()) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
     const int rank = peers.rank_of(to);
     if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers.names() + ")");
     return rank;
@@ -370,7 +361,7 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
     const std::uint64_t id = calls.next_id();
-    PendingCallHandle pc(calls, peer.pending, id, slots);
+    PendingCallHandle pc(calls, rank, id, slots_);
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
     if (auto sent = send_request(peer, id, handler, message, prepared); !sent) {
@@ -501,7 +492,7 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
             for (const auto& ch : link.conn->negotiated().channels)
                 p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
         }
-        p.calls_in_flight = link.pending.size();
+        p.calls_in_flight = calls.in_flight(link.info.id);
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
         p.requests_served = c.requests_served;
@@ -534,7 +525,7 @@ std::string NativeAgent::listen_address() const {
     return e.offers().front().address;
 }
 
-std::size_t NativeAgent::background_tasks() const { return core_->tasks.running(); }
+std::size_t NativeAgent::background_tasks() const { return core_->tasks->running(); }
 
 DeviceChannels::Stats NativeAgent::device_stats() const {
     return core_->device_channels ? core_->device_channels->stats() : DeviceChannels::Stats{};

@@ -16,7 +16,7 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     for (;;) {
         if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
         if (p.removed) co_return fail(*p.removed);
-        if (evicted) co_return fail(*evicted);
+        if (membership.evicted()) co_return fail(*membership.evicted());
         if (p.conn && p.conn->is_open()) co_return p.conn;
         if (!p.connecting) break;
         auto wait = p.connecting;  // (the connect may end, and a new one begin, while we wait)
@@ -88,9 +88,9 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         conn->close(*p.removed);
         co_return fail(*p.removed);
     }
-    if (evicted) {  // (we were, while it ran: a connection adopted now would carry calls past check_call)
-        conn->close(*evicted);
-        co_return fail(*evicted);
+    if (membership.evicted()) {  // (we were, while it ran: a connection adopted now would carry calls past check_call)
+        conn->close(*membership.evicted());
+        co_return fail(*membership.evicted());
     }
     if (conn->peer().name != p.info.name || conn->peer().rank != rank) {
         conn->close();

@@ -52,6 +52,12 @@ NativeAgentTuning with_budget(NativeAgentTuning t) {
     return t;
 }
 
+/// The options given, or the defaults.
+std::shared_ptr<RpcBackendOptions> options_or_default(std::shared_ptr<RpcBackendOptions> o) {
+    if (o) return o;
+    return std::make_shared<TensorPipeRpcBackendOptions>();
+}
+
 /// Runs `t` holding the agent (a task of its group outlives nothing it uses).
 Task<void> keeping([[maybe_unused]] std::shared_ptr<AgentCore> keep, Task<void> t) { co_await std::move(t); }
 }  // namespace
@@ -66,8 +72,10 @@ ConnectionLimits inbound_limits(const NativeAgentTuning& tuning) {
 
 AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning t)
     : ex(std::move(executor)),
+      tasks(std::in_place, ex),
       store(std::move(args.store)),
-      options(std::move(args.options)),
+      options(options_or_default(std::move(args.options))),
+      tp_options(dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get())),
       tuning(with_budget(std::move(t))),
       self{std::move(args.name), args.rank},
       world_size(args.world_size),
@@ -75,25 +83,16 @@ AgentCore::AgentCore(Executor executor, BackendInitArgs args, NativeAgentTuning 
                InboundHooks{[this] { return hello(); }, [this](const HelloInfo& peer) { return admit(peer); },
                             [this](std::shared_ptr<Connection> c) { adopt_connection(std::move(c), -1); },
                             [this](Task<void> task, const char* what) {
-                                return tasks.spawn(keeping(shared_from_this(), std::move(task)), what);
+                                return tasks->spawn(keeping(shared_from_this(), std::move(task)), what);
                             }}),
       handlers(self.name),
-      calls(ex, tasks),  // (tasks: bound now, used later)
-      tasks(ex) {
-    slots = &SlotRegistry::of(ex);
-    if (!options) options = std::make_shared<TensorPipeRpcBackendOptions>();
-    tp_options = dynamic_cast<const TensorPipeRpcBackendOptions*>(options.get());
-}
+      calls(ex, *tasks),
+      slots_(&SlotRegistry::of(ex)) {}
 
 AgentCore::~AgentCore() {
     // Parked workers wait for a request that can no longer come.
-    // One at a time: destroying a worker's frame may touch the list.
-    while (!idle_workers.empty()) {
-        ServeWorker* w = idle_workers.back();
-        idle_workers.pop_back();
-        w->parked_in = nullptr;
-        w->wake.abandon();
-    }
+    serving.abandon();
+    tasks.reset();  // (first: it cancels what still runs, while everything it waits on is here)
 }
 
 HelloInfo AgentCore::hello() const {
@@ -101,7 +100,7 @@ HelloInfo AgentCore::hello() const {
     h.name = self.name;
     h.rank = self.id;
     h.transports = endpoint.offers();
-    h.channels = channel_offers;
+    h.channels = channel_offers_;
     return h;
 }
 
@@ -171,13 +170,13 @@ Result<void> AgentCore::listen() {
                 if (from.is_cuda()) outbox_devices.push_back(from);
     }
     const std::size_t box = tuning.outbox_bytes ? tuning.outbox_bytes : default_outbox_bytes();
-    auto spawn = [this](Task<void> t) { (void)tasks.spawn(std::move(t), "a cuda_ipc release"); };
+    auto spawn = [this](Task<void> t) { (void)tasks->spawn(std::move(t), "a cuda_ipc release"); };
     auto dc = DeviceChannels::create(spawn, outbox_devices, *chans, box);
     if (!dc) return fail(std::move(dc).error().context("setting up the device channels"));
     device_channels = std::move(*dc);
     for (auto& c : *chans)
-        if (c != "cuda_ipc" && c != "cuda_basic") channel_offers.push_back(ChannelOffer{c, "cpu", "any"});
-    for (const auto& o : device_channels->offers()) channel_offers.push_back(o);
+        if (c != "cuda_ipc" && c != "cuda_basic") channel_offers_.push_back(ChannelOffer{c, "cpu", "any"});
+    for (const auto& o : device_channels->offers()) channel_offers_.push_back(o);
     return ok();
 }
 
@@ -253,7 +252,7 @@ Result<void> AgentCore::open_endpoint() {
                                            "TP_RPC_AUTH_KEY (or TP_RPC_AUTH_KEY_FILE, or the auth_key option) to the same "
                                            "secret on every worker");
     }
-    for (std::size_t i = 0; i < endpoint.listeners(); ++i) tasks.spawn(accept_when_ready(shared_from_this(), i), "an accept loop");
+    for (std::size_t i = 0; i < endpoint.listeners(); ++i) tasks->spawn(accept_when_ready(shared_from_this(), i), "an accept loop");
     const std::string of = dynamic() ? std::string(" of a dynamic group") : " of " + std::to_string(world_size);
     log(LogLevel::info, "rpc", "worker \"" + self.name + "\" (rank " + std::to_string(self.id) + of + ") listening on " + where);
     return ok();
@@ -358,8 +357,8 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             auto draining = calls.drained(deadline);
             if (!co_await std::move(draining)) {
                 std::string to;
-                peers.for_each([&to](const PeerLink& p) {
-                    if (!p.pending.empty()) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
+                peers.for_each([this, &to](const PeerLink& p) {
+                    if (calls.in_flight(p.info.id) != 0) to += (to.empty() ? "" : ", ") + ("\"" + p.info.name + "\"");
                 });
                 result = fail(Errc::timeout, std::to_string(calls.outstanding()) + " call(s) of worker \"" + self.name +
                                                  "\" were still outstanding when the shutdown timeout passed" +
@@ -370,7 +369,7 @@ Task<Result<void>> AgentCore::shutdown(bool graceful, double timeout_sec) {
             log(LogLevel::debug, "rpc", "worker \"" + self.name + "\": its calls have finished; waiting for every worker to stop calling");
             Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
             if (left < Duration::zero() && deadline != Clock::time_point::max()) left = Duration(1);
-            const std::string round = "shutdown/" + std::to_string(++shutdown_round);
+            const std::string round = "shutdown/" + std::to_string(++shutdown_round_);
             auto b = co_await barrier(round, left, true);
             if (!b) result = fail(std::move(b).error().context("graceful shutdown of worker \"" + self.name + "\""));
             if (b && device_channels) {
@@ -419,17 +418,17 @@ void AgentCore::close_local(const Error& reason) {
     state = State::closed;
     closed.store(true, std::memory_order_release);
     roster_known.set();
-    membership_changed.set();
+    membership.notify_changed();
     peers.for_each([&](PeerLink& p) {
-        calls.fail(p.pending, nullptr, reason);
+        calls.fail(p.info.id, nullptr, reason);
         if (p.conn) p.conn->close(reason);
         p.conn.reset();
         if (p.connecting) p.connecting->set();
     });
     endpoint.close(reason);  // (stops listening; inbound connections close)
-    release_workers();
-    tasks.close();
-    tasks.cancel();
+    serving.close();  // (parked workers wake to exit)
+    tasks->close();
+    tasks->cancel();
     calls.close();  // (last: it resumes a draining shutdown in place)
 }
 
@@ -439,9 +438,9 @@ Task<bool> AgentCore::join_tasks(Duration limit) {
         co_await g.join();
         co_return ok();
     };
-    auto joined = co_await with_timeout(joining(tasks), limit);
-    if (joined && tasks.running() == 0) co_return true;
-    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" is shut down with " + std::to_string(tasks.running()) +
+    auto joined = co_await with_timeout(joining(*tasks), limit);
+    if (joined && tasks->running() == 0) co_return true;
+    log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" is shut down with " + std::to_string(tasks->running()) +
                                    " background task(s) still running after " +
                                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
                                    " ms (a handler that does not return, or ignores cancellation)");

@@ -27,31 +27,11 @@ std::string millis(Duration d) {
     return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
 }
 
-Duration beat_interval(Duration timeout) {
-    return std::clamp<Duration>(timeout / 10, std::chrono::milliseconds(10), std::chrono::seconds(1));
-}
-
-Duration probe_timeout(Duration timeout) {
-    return std::clamp<Duration>(timeout / 2, std::chrono::milliseconds(50), std::chrono::seconds(5));
-}
-
-/// The member after `self` by rank (wrapping), or -1 when we are alone.
-int successor(const std::vector<GroupMember>& members, int self) {
-    int next = -1, first = -1;
-    for (const auto& m : members) {
-        const int r = m.record.rank;
-        if (r == self) continue;
-        if (first < 0 || r < first) first = r;
-        if (r > self && (next < 0 || r < next)) next = r;
-    }
-    return next >= 0 ? next : first;
-}
-
 /// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
 Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
     const Duration timeout = core->member_timeout();
-    const Duration interval = beat_interval(timeout);
+    const Duration interval = Membership::beat_interval(timeout);
     const std::string beat = member_beat_key(core->self.id);
     bool store_failing = false;
     int watched = -1;
@@ -76,7 +56,7 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
         }
         store_failing = false;
         if (core->evicted_by(*holder)) co_return;
-        const int next = successor(core->members, core->self.id);
+        const int next = core->membership.successor(core->self.id);
         if (next < 0) continue;
         auto seen = co_await core->store->add(member_beat_key(next), 0);
         if (!seen) continue;
@@ -104,20 +84,17 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
     struct Done {
         AgentCore& core;
         int rank;
-        ~Done() {
-            std::erase(core.suspects, rank);
-            if (core.suspects.empty()) core.removals_idle.set();
-        }
+        ~Done() { core.membership.end_check(rank); }
     } done{*core, rank};
     // (Suspected inside a connection's close: the probe starts on the next turn of the loop.)
     co_await asio::post(co_await asio::this_coro::executor, use_nothrow);
     const Duration timeout = core->member_timeout();
-    if (co_await answers(core, name, probe_timeout(timeout))) {
+    if (co_await answers(core, name, Membership::probe_timeout(timeout))) {
         log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\" suspected member \"" + name + "\" (" + why +
                                        "), but it answers");
         co_return;
     }
-    if (core->evicted || core->state != AgentCore::State::running) co_return;  // (no member to remove anyone)
+    if (core->membership.evicted() || core->state != AgentCore::State::running) co_return;  // (no member to remove anyone)
     const auto deadline = Clock::now() + core->membership_wait_limit();
     auto token = co_await GroupToken::acquire(core->store, core->self.name, TokenPurpose::removal, deadline);
     if (!token) {
@@ -129,7 +106,7 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
     // give it back: a member that was itself removed while it did not run (stopped, partitioned)
     // and has not seen it yet must not remove anyone (the others' group would lose a live member).
     auto holder = co_await core->claim_holder();
-    if (core->evicted || !holder || core->evicted_by(*holder)) {
+    if (core->membership.evicted() || !holder || core->evicted_by(*holder)) {
         if (!holder)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name +
                                            "\": reading its own claim: " + holder.error().to_string());
@@ -142,11 +119,8 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
     const PeerLink* link = core->peers.at(rank);
     const bool still = listed && std::find(listed->begin(), listed->end(), rank) != listed->end() && link &&
                        link->info.name == name && core->state == AgentCore::State::running;
-    if (still && !co_await answers(core, name, probe_timeout(timeout))) {
-        MembershipUpdate update{MembershipChange::removal, name, {}};
-        for (const auto& m : core->members)
-            if (m.record.rank != rank && std::find(listed->begin(), listed->end(), m.record.rank) != listed->end())
-                update.members.push_back(m);
+    if (still && !co_await answers(core, name, Membership::probe_timeout(timeout))) {
+        const auto update = core->membership.removal_update(rank, name, *listed);
         log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" removes member \"" + name + "\" from the group: " + why +
                                        ", and it does not answer");
         std::vector<std::string> others;
@@ -165,9 +139,7 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
         }
         if (auto a = core->apply_membership(update); !a)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\": " + a.error().to_string());
-        std::vector<int> ranks;
-        for (const auto& m : update.members) ranks.push_back(m.record.rank);
-        if (auto s = co_await core->store->set(kMembersKey, encode_member_ranks(ranks)); !s)
+        if (auto s = co_await core->store->set(kMembersKey, encode_member_ranks(Membership::ranks_of(update.members))); !s)
             log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not record the group's members: " + s.error().to_string());
         co_await core->forget_member(rank);
         for (int r : unreached) core->suspect(r, "it did not take the update of a removal");
@@ -185,14 +157,13 @@ Duration AgentCore::member_timeout() const {
 }
 
 void AgentCore::start_liveness() {
-    tasks.spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
+    tasks->spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
 }
 
 void AgentCore::evict(Error why) {
-    if (evicted || state == State::closed) return;
-    evicted = why;
+    if (state == State::closed || !membership.evict(why)) return;
     peers.for_each([&](PeerLink& p) {
-        calls.fail(p.pending, nullptr, why);
+        calls.fail(p.info.id, nullptr, why);
         if (p.conn) p.conn->close(why);
         p.conn.reset();
     });
@@ -227,13 +198,11 @@ bool AgentCore::evicted_by(const std::optional<std::string>& holder) {
 }
 
 void AgentCore::suspect(int rank, std::string why) {
-    if (!dynamic() || evicted || leaving || state != State::running || rank == self.id) return;
+    if (!dynamic() || membership.evicted() || membership.leaving() || state != State::running || rank == self.id) return;
     const PeerLink* link = peers.at(rank);
-    if (!link || std::find(suspects.begin(), suspects.end(), rank) != suspects.end()) return;
-    suspects.push_back(rank);
-    removals_idle.reset();
-    if (!tasks.spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
-        std::erase(suspects, rank);
+    if (!link || !membership.begin_check(rank)) return;
+    if (!tasks->spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
+        membership.end_check(rank);
 }
 
 }  // namespace tensorplay::detail

@@ -60,10 +60,10 @@ Task<Result<Message>> answer_membership(std::shared_ptr<AgentCore> core, WorkerI
     log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\": worker \"" + u->subject + "\" " + change_verb(u->change) +
                                    "; the group has " + std::to_string(u->members.size()) + " member(s)");
     if (leaver) {
-        auto draining = core->calls.drained(leaver->pending, Clock::now() + core->membership_wait_limit());
+        auto draining = core->calls.drained(leaver->info.id, Clock::now() + core->membership_wait_limit());
         const bool drained = co_await std::move(draining);
         const Error why(Errc::shutdown, "worker \"" + leaver->info.name + "\" left the group", leaver->info.name);
-        if (!drained) core->calls.fail(leaver->pending, nullptr, why);
+        if (!drained) core->calls.fail(leaver->info.id, nullptr, why);
         if (leaver->conn) leaver->conn->close(why);
         leaver->conn.reset();
     }
@@ -74,12 +74,6 @@ Task<Result<Message>> refuse_membership(std::shared_ptr<AgentCore> core, WorkerI
     co_return fail(Errc::invalid_argument, "worker \"" + core->self.name + "\" is a member of a static group (world size " +
                                                std::to_string(core->world_size) + "): it refuses the dynamic membership request of worker \"" +
                                                caller.name + "\"");
-}
-
-std::vector<int> ranks_of(const std::vector<GroupMember>& members) {
-    std::vector<int> r;
-    for (const auto& m : members) r.push_back(m.record.rank);
-    return r;
 }
 
 /// Whether a failed call says that its worker is gone (unreachable), rather than that it refused.
@@ -166,7 +160,7 @@ Task<Result<void>> join_under_token(std::shared_ptr<AgentCore> core, Clock::time
         unreached.push_back(other_ranks[i]);
     }
     if (auto r = core->apply_membership(update); !r) co_return fail(std::move(r).error());
-    if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(all))); !r)
+    if (auto r = co_await store->set(kMembersKey, encode_member_ranks(Membership::ranks_of(all))); !r)
         co_return fail(std::move(r).error().context("recording the group's members"));
     for (int r : dead) co_await core->forget_member(r);
     co_return ok();
@@ -201,7 +195,7 @@ Task<std::vector<Result<Message>>> AgentCore::call_each(std::vector<std::string>
     f->results.resize(to.size());
     f->left = to.size();
     for (std::size_t i = 0; i < to.size(); ++i) {
-        if (!tasks.spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
+        if (!tasks->spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
             f->results[i] = fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
             --f->left;
         }
@@ -252,8 +246,8 @@ Task<bool> NativeAgent::until_members(std::vector<std::string> names, Duration l
     while (!listed()) {
         const auto left = deadline - Clock::now();
         if (left <= Duration::zero()) co_return false;
-        core->membership_changed.reset();
-        auto wait = with_timeout(waiting(core->membership_changed), left);
+        core->membership.changed().reset();
+        auto wait = with_timeout(waiting(core->membership.changed()), left);
         (void)co_await std::move(wait);
         // (Resumed inside the update that set the event: go on from the next turn of the loop.)
         co_await asio::post(core->ex, use_nothrow);
@@ -370,10 +364,7 @@ std::optional<Error> AgentCore::refuse_caller(const HelloInfo& peer, std::string
     if (handler == kDeviceInfosHandler || handler == kMembershipHandler) return std::nullopt;  // (what joining needs)
     Error why(Errc::unauthorized, "worker \"" + peer.name + "\" (rank " + std::to_string(peer.rank) + ") is not a member of the group of worker \"" +
                                       self.name + "\": it may not call handler \"" + std::string(handler) + "\"");
-    if (refused_logged.size() < 64 && std::find(refused_logged.begin(), refused_logged.end(), peer.name) == refused_logged.end()) {
-        refused_logged.push_back(peer.name);
-        log(LogLevel::warn, "rpc", why.message());
-    }
+    if (membership.first_refusal(peer.name)) log(LogLevel::warn, "rpc", why.message());
     return why;
 }
 
@@ -403,7 +394,7 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         if (!link) continue;
         if (update.change == MembershipChange::leave && link->info.name == update.subject) continue;
         const Error why(Errc::connection_lost, "worker \"" + link->info.name + "\" is no longer a member of the group", link->info.name);
-        calls.fail(link->pending, nullptr, why);
+        calls.fail(link->info.id, nullptr, why);
         if (link->conn) link->conn->close(why);
         link->conn.reset();
         // Its connect's waiters wake and see it removed (ensure_connected): a set event left in
@@ -428,10 +419,10 @@ Result<void> AgentCore::apply_membership(const MembershipUpdate& update) {
         p.reverse = rev != checked->reverse_device_maps.end() ? rev->second : DeviceMap{};
     });
     if (auto d = checked->devices.find(self.name); d != checked->devices.end()) devices = d->second;
-    members = update.members;
+    membership.adopt(update);
     roster_read = true;
     roster_known.set();
-    membership_changed.set();
+    membership.notify_changed();
     return ok();
 }
 
@@ -462,7 +453,7 @@ Task<Result<void>> AgentCore::start_dynamic() {
     if (auto r = co_await (*token)->release(); !r)
         log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" could not give the group token back: " + r.error().to_string());
     if (!joined) co_return joined;
-    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" joined the dynamic group (" + std::to_string(members.size()) +
+    log(LogLevel::info, "rpc", "worker \"" + self.name + "\" joined the dynamic group (" + std::to_string(membership.members().size()) +
                                    " member(s))");
     start_liveness();
     for (int r : unreached) suspect(r, "it did not take the update of our join");
@@ -471,23 +462,16 @@ Task<Result<void>> AgentCore::start_dynamic() {
 
 Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     auto keep = shared_from_this();
-    leaving = true;
+    membership.start_leaving();
     // A removal that we began ends first (it may hold the token, and should not be cut short: a
     // token whose holder ended without giving it back blocks the group until it goes stale).
-    while (!suspects.empty()) {
-        auto waiting = [](Flag& e) -> Task<Result<void>> {
-            auto ec = co_await e.wait();
-            if (ec) co_return fail(from_error_code(ec, "waiting for a removal"));
-            co_return ok();
-        };
-        const Duration left = deadline == Clock::time_point::max() ? Duration::zero() : deadline - Clock::now();
-        if (deadline != Clock::time_point::max() && left <= Duration::zero()) break;
-        auto wait = with_timeout(waiting(removals_idle), left);
-        if (!co_await std::move(wait)) break;
+    {
+        auto ended = membership.removals_ended(deadline);
+        co_await std::move(ended);
     }
     // Evicted: no member any more, so nobody to tell and no token to take (its rank may be
     // another worker's by now).
-    if (evicted) co_return ok();
+    if (membership.evicted()) co_return ok();
     auto token = co_await GroupToken::acquire(store, self.name, TokenPurpose::leave, deadline);
     if (!token) co_return fail(std::move(token).error().context("worker \"" + self.name + "\" leaving the group"));
     Result<void> result = ok();
@@ -505,13 +489,10 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
     // claim says whose it is, and removing that worker's entries would evict it.)
     auto holder = co_await claim_holder();
     const bool claimed = !holder || !evicted_by(*holder);  // (a store that fails here fails the set below too)
-    const bool member = claimed && !evicted && listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
+    const bool member = claimed && !membership.evicted() && listed && std::find(listed->begin(), listed->end(), self.id) != listed->end();
     if (listed && !member)
         log(LogLevel::warn, "rpc", "worker \"" + self.name + "\" leaves a group that had removed it already");
-    MembershipUpdate update{MembershipChange::leave, self.name, {}};
-    for (const auto& m : members)
-        if (m.record.name != self.name && (!listed || std::find(listed->begin(), listed->end(), m.record.rank) != listed->end()))
-            update.members.push_back(m);
+    const auto update = membership.leave_update(self.name, listed ? &*listed : nullptr);
     if (member) {
         // Each member answers once it no longer calls us (its calls to us have their replies).
         // (All at once: each answer waits for that member's calls to us, which we serve meanwhile.)
@@ -524,7 +505,7 @@ Task<Result<void>> AgentCore::leave_dynamic(Clock::time_point deadline) {
                                            told[i].error().to_string());
             if (result) result = fail(std::move(told[i]).error().context("leaving the group"));
         }
-        if (auto r = co_await store->set(kMembersKey, encode_member_ranks(ranks_of(update.members))); !r && result)
+        if (auto r = co_await store->set(kMembersKey, encode_member_ranks(Membership::ranks_of(update.members))); !r && result)
             result = fail(std::move(r).error().context("recording the group's members"));
         co_await forget_member(self.id);
     }

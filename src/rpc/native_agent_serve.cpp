@@ -95,9 +95,6 @@ Task<void> send_device_reply(std::shared_ptr<AgentCore> core, std::shared_ptr<Co
     send_reply(*core, *conn, id, r, prepared ? &*prepared : nullptr, std::move(targets));
 }
 
-/// Idle workers kept parked at most; beyond that, a worker that finishes exits.
-constexpr std::size_t kMaxIdleWorkers = 128;
-
 /// Serves requests: the one it was started with, then whichever the reader hands it while parked.
 /// The handler runs in this coroutine's frame (one more coroutine per request would cost a frame
 /// and its resumption).
@@ -165,16 +162,14 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
         if (!req.entry) req.unknown = name;
         req.message = std::move(message);
     };
-    if (idle_workers.empty()) {
+    ServeWorker* w = serving.take();
+    if (!w) {
         ServeRequest req;
         fill(req);
-        if (!tasks.spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
+        if (!tasks->spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
             --metrics.requests_running;  // (closing: nobody will answer it)
         return;
     }
-    ServeWorker* w = idle_workers.back();
-    idle_workers.pop_back();
-    w->parked_in = nullptr;
     fill(w->req);
     w->core = shared_from_this();
     w->conn = conn;
@@ -183,32 +178,16 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
 }
 
 bool AgentCore::park(ServeWorker& w) {
-    if (state == State::closed || idle_workers.size() >= kMaxIdleWorkers || w.core.use_count() == 1) return false;
-    idle_workers.push_back(&w);
-    w.parked_in = this;
+    if (state == State::closed || w.core.use_count() == 1 || !serving.park(w)) return false;
     w.core.reset();
     return true;
 }
 
-void AgentCore::release_workers() {
-    // One at a time: a worker that exits may run code that parks or releases others.
-    while (!idle_workers.empty()) {
-        ServeWorker* w = idle_workers.back();
-        idle_workers.pop_back();
-        w->parked_in = nullptr;
-        w->wake.complete();
-    }
-}
-
-ServeWorker::~ServeWorker() {
-    if (!parked_in) return;
-    auto& idle = parked_in->idle_workers;
-    if (auto it = std::find(idle.begin(), idle.end(), this); it != idle.end()) idle.erase(it);
-}
-
 Task<Result<Message>> AgentCore::start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message) {
     if (entry.coro) return entry.coro(std::move(caller), std::move(message));
-    return asio::co_spawn(worker_pool(), run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
+    const int n = tp_options ? tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
+    auto& threads = serving.blocking_threads(static_cast<std::size_t>(n > 0 ? n : 1));
+    return asio::co_spawn(threads, run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
 }
 
 void AgentCore::finish_handler(HandlerEntry& entry, Result<Message>& r) {

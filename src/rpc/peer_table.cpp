@@ -1,8 +1,6 @@
 // PeerTable: members by rank (shared links) and by name.
 #include "rpc/peer_table.hpp"
 
-#include "rpc/native_agent.hpp"
-
 namespace tensorplay::detail {
 
 PeerTable::PeerTable() = default;

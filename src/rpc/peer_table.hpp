@@ -4,18 +4,37 @@
 #pragma once
 
 #include <tensorplay/core/result.hpp>
+#include <tensorplay/device/device_map.hpp>
 #include <tensorplay/rpc/worker_info.hpp>
+#include <tensorplay/transport/connection.hpp>
+
+#include "core/flag.hpp"
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tensorplay::detail {
 
-struct PeerLink;
+/// The outgoing side towards one worker: one connection, reused by every call, opened lazily. Its
+/// pending calls are the CallTable's (by its rank).
+struct PeerLink {
+    WorkerInfo info;
+    /// Where it listens, one address per transport, in its priority order (published in the store).
+    std::vector<TransportOffer> addresses;
+    std::shared_ptr<Connection> conn;
+    std::shared_ptr<Flag> connecting;  ///< set while a connect runs; set() when it ends
+    std::optional<Error> last_connect_error;
+    /// Set when a membership update took it out of the group: a connect to it ends, and its waiters
+    /// fail, instead of waiting on (or looping over) a connect that no longer concerns anyone.
+    std::optional<Error> removed;
+    DeviceMap map;      ///< my device -> its device (device_maps[to])
+    DeviceMap reverse;  ///< my device -> its device for replies to its calls (its map, inverted)
+};
 
 /// Strand-bound for changes (add, remove) and for at()/link()/rank_of(), which the agent's hot
 /// paths call without a lock; infos() and find() may be called from any thread (they lock, and

@@ -1,5 +1,5 @@
 // PeerTable: members by rank and name, links that stay put while the table grows and shrinks.
-#include "rpc/native_agent.hpp"
+#include "rpc/peer_table.hpp"
 
 #include <catch2/catch.hpp>
 
