@@ -22,7 +22,7 @@ struct RawClient {
     asio::ip::tcp::socket raw;
 };
 
-/// A raw socket connected to an acceptor; `accepted` runs Connection::accept on the other end.
+/// A raw socket connected to an acceptor; `accepted` runs the server handshake (test::accept_socket) on the other end.
 Task<std::unique_ptr<RawClient>> raw_client() {
     auto ex = co_await asio::this_coro::executor;
     auto rc = std::make_unique<RawClient>(RawClient{asio::ip::tcp::acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0}),

@@ -141,7 +141,7 @@ inline Task<RawPeer> raw_handshaken_over(std::string transport, ConnectionLimits
     co_return RawPeer{std::move(listener), std::move(raw), std::move(*conn)};
 }
 
-/// A raw socket connected to a fresh acceptor, the other end handed to Connection::accept.
+/// A raw socket connected to a fresh acceptor, the other end handed to test::accept_socket.
 struct RawPair {
     asio::ip::tcp::socket raw;
     Task<Result<std::shared_ptr<Connection>>> accepted;
