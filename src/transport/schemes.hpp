@@ -1,5 +1,5 @@
-// Private: the URL schemes of the transports' addresses, as the transport registry
-// (transport.cpp) knows them. Address (address.cpp) parses and resolves through it, so that a new
+// Private: the URL schemes of the transports' addresses, the transport registry's table of them
+// (schemes.cpp; transport.cpp has the transports themselves). Address (address.cpp) parses and resolves through it, so that a new
 // transport adds a line to the registry, not to a public header.
 #pragma once
 

@@ -1,7 +1,6 @@
 // The transport registry: names, priorities, selection from `_transports` / `_channels`, and the
 // same-host domain descriptor.
 #include "transport/transport.hpp"
-#include "transport/schemes.hpp"
 
 #include <tensorplay/config.hpp>
 
@@ -26,10 +25,6 @@ std::shared_ptr<const Transport> make_shm_transport();
 
 namespace {
 constexpr std::array<std::string_view, 4> kTransports{"shm", "uds", "ibv", "uv"};
-// The schemes of their addresses (ibv has none: it is not built).
-constexpr std::array<SchemeInfo, 3> kSchemes{SchemeInfo{"tcp", "uv", AddressForm::host_port},
-                                             SchemeInfo{"uds", "uds", AddressForm::name},
-                                             SchemeInfo{"shm", "shm", AddressForm::name}};
 // TensorPipe's channels, in torch's priority order (CPU channels first).
 constexpr std::array<std::string_view, 8> kChannels{"cma",      "mpt_uv",   "basic",    "xth",
                                                     "cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic"};
@@ -51,18 +46,6 @@ void log_unbuilt_once(const std::string& name, const Error& why) {
 }  // namespace
 
 std::span<const std::string_view> known_transports() noexcept { return kTransports; }
-
-const SchemeInfo* scheme_info(std::string_view scheme) noexcept {
-    for (const auto& s : kSchemes)
-        if (s.scheme == scheme) return &s;
-    return nullptr;
-}
-
-std::string known_schemes() {
-    std::string s;
-    for (const auto& k : kSchemes) s += (s.empty() ? "" : ", ") + std::string(k.scheme) + "://";
-    return s;
-}
 std::span<const std::string_view> known_channels() noexcept { return kChannels; }
 
 namespace {
