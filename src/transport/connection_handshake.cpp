@@ -8,7 +8,7 @@
 #include "core/resolve.hpp"
 #include "transport/auth.hpp"
 #include "transport/channels/channel.hpp"
-#include "transport/channels/cma/cma_offer.hpp"
+#include "transport/channels/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/negotiate.hpp"
 #include "transport/transport.hpp"
@@ -109,32 +109,32 @@ Result<Negotiated> check_answer(const Hello& theirs, const HelloInfo& mine, cons
     return *theirs.answer;
 }
 
-/// The server's side of the cma verdict (docs/protocol.md, "Channels"): after an answer that chose
-/// cma, the client says whether it can read us; if not, the pairs fall back to the next channel,
-/// as both sides compute it (s.negotiated is updated).
+/// The server's side of the channel verdict (docs/protocol.md, "Channels"): after an answer that
+/// chose a channel the client must check, it says whether it can use it with us; if not, the pairs
+/// fall back to the next channel, as both sides compute it (s.negotiated is updated).
 Task<Result<void>> read_verdict(ConnectionState& s, const HelloInfo& server, const HelloInfo& client, const std::string& peer) {
     auto rec = co_await read_record(s);
     if (!rec) co_return fail(rec.error());
     if (rec->kind != AuthRecordKind::channels)
-        co_return fail(Errc::protocol_error, peer + " did not send its channel verdict after our cma answer");
+        co_return fail(Errc::protocol_error, peer + " did not send its channel verdict after our answer");
     if (rec->readable) co_return ok();
-    log(LogLevel::debug, "transport", peer + " cannot read our memory: cma falls back to basic");
-    auto fallback = negotiate(without_cma(server), client, s.transport);
+    log(LogLevel::debug, "transport", peer + " cannot use the channel our answer chose: falling back to the next one");
+    auto fallback = negotiate(without_checked_channels(server), client, s.transport);
     if (!fallback) co_return fail(fallback.error());
     s.negotiated = std::move(*fallback);
     co_return ok();
 }
 
-/// The client's side: probes the server (its viability and live probe) after a cma answer, sends
-/// the verdict and, when it cannot read the server, falls back as the server will.
+/// The client's side: checks the channel the answer chose with the server (cma: its identities and a
+/// live probe of its memory), sends the verdict and, when it cannot use it, falls back as the server will.
 Task<Result<void>> send_verdict(ConnectionState& s, const HelloInfo& client, const HelloInfo& server) {
     AuthRecord rec;
     rec.kind = AuthRecordKind::channels;
-    rec.readable = cma_usable(client, server, s.socket.native_handle(), s.peer_pid);
+    rec.readable = channel_verdict(client, server, s.socket.native_handle(), s.peer_pid);
     const Bytes out = encode_auth_record(rec);
     if (auto w = co_await write_all(s, out); !w) co_return fail(w.error());
     if (rec.readable) co_return ok();
-    auto fallback = negotiate(without_cma(server), client, s.transport);
+    auto fallback = negotiate(without_checked_channels(server), client, s.transport);
     if (!fallback) co_return fail(fallback.error());
     s.negotiated = std::move(*fallback);
     co_return ok();
@@ -183,7 +183,7 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
         auto answer = check_answer(*theirs, mine.info, s->transport, who);
         if (!answer) co_return fail(std::move(answer).error().on_worker(theirs->info.name));
         s->negotiated = std::move(*answer);
-        if (chose_cma(s->negotiated))
+        if (channel_verdict_needed(s->negotiated))
             if (auto v = co_await send_verdict(*s, mine.info, theirs->info); !v) co_return fail(v.error());
     }
     switch (theirs->step) {
@@ -204,7 +204,7 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
                        who + " requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
                              "TP_RPC_AUTH_KEY_FILE) on every worker",
                        theirs->info.name);
-    // The server's proof covers its answer; ours the outcome (the answer after our cma verdict).
+    // The server's proof covers its answer; ours the outcome (the answer after our channel verdict).
     const Transcript answered{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, &*theirs->answer};
     const Transcript t{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, &s->negotiated};
     auto expected = handshake_proof(auth.key, answered, ProofBy::server);
@@ -273,10 +273,8 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
         co_return fail(Errc::unauthorized, peer + " authenticates with a shared key and this worker has none: set the "
                                                   "same TP_RPC_AUTH_KEY on every worker, or on none");
     }
-    // cma is offered to this client only when we can read it (identities and the live probe of its
-    // memory) and it, as far as identities tell, us; its own probe of us comes as its verdict.
-    if (offers_cma(mine.info) && !cma_usable(mine.info, theirs->info, s->socket.native_handle(), s->peer_pid))
-        mine.info = without_cma(std::move(mine.info));
+    // (A channel that needs a check is offered only to a peer this side can use it with.)
+    mine.info = channel_offers_for(std::move(mine.info), theirs->info, s->socket.native_handle(), s->peer_pid);
     // The server decides; a hello without an answer tells the client that nothing is common.
     auto chosen = negotiate(mine.info, theirs->info, s->transport);
     if (!chosen) {
@@ -294,7 +292,7 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
             }
         const Bytes hello = encode_hello(mine);
         if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
-        if (chose_cma(s->negotiated))
+        if (channel_verdict_needed(s->negotiated))
             if (auto v = co_await read_verdict(*s, mine.info, theirs->info, peer); !v) co_return fail(v.error());
         co_return std::move(theirs->info);
     }
@@ -310,7 +308,7 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
     const Bytes hello = encode_hello(mine);
     if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
     // (The client's verdict comes before its proof, which covers the outcome: t's answer is ours.)
-    if (chose_cma(s->negotiated))
+    if (channel_verdict_needed(s->negotiated))
         if (auto v = co_await read_verdict(*s, mine.info, theirs->info, peer); !v) co_return fail(v.error());
     auto answer = co_await read_record(*s);
     if (!answer) co_return fail(answer.error());

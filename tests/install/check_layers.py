@@ -6,7 +6,8 @@
   listeners) and transport/device_channels.hpp (the device channels); never a channel's or the
   connection's private header;
 - the connection's code names no transport (no "shm" in src/transport/connection*.cpp): byte
-  streams come through ByteStream, read modes through Transport::tcp();
+  streams come through ByteStream, read modes through Transport::tcp(); the handshake names no
+  channel (it asks channels/channel.hpp's setup functions);
 - src/rpc has no CUDA IPC or staging code of its own (nothing that names cuda_ipc's or cuda_basic's
   internals);
 - the public headers take no raw Asio sockets.
@@ -32,6 +33,9 @@ for f in sorted((root / "src/transport").glob("connection*.cpp")):
     for n, line in enumerate(f.read_text().splitlines(), 1):
         if "shm" in line:
             failures.append(f"{f.relative_to(root)}:{n} names the shm transport: {line.strip()}")
+        code = line.split("//", 1)[0]  # (comments may name what the functions they call do)
+        if f.name == "connection_handshake.cpp" and re.search(r"\bcma\b|_cma\b|\bcma_", code):
+            failures.append(f"{f.relative_to(root)}:{n} names a channel in the handshake (ask channels/channel.hpp): {line.strip()}")
 
 for f in sorted((root / "include/tensorplay").rglob("*.hpp")):
     for n, line in enumerate(f.read_text().splitlines(), 1):

@@ -64,4 +64,21 @@ bool ChannelTable::cma_takes(const Tensor& t, Device target) const noexcept {
 
 int ChannelTable::peer_pid() const noexcept { return cma_ ? cma_->peer_pid() : -1; }
 
+void prepare_channel_offers(HelloInfo& mine) { prepare_cma_offers(mine); }
+
+HelloInfo channel_offers_for(HelloInfo mine, const HelloInfo& peer, int fd, int known_pid) {
+    // (cma: offered only when we can read the peer, by identities and a live probe of its memory,
+    // and it, as far as identities tell, us; its own probe of us comes as its verdict.)
+    if (offers_cma(mine) && !cma_usable(mine, peer, fd, known_pid)) return without_cma(std::move(mine));
+    return mine;
+}
+
+bool channel_verdict_needed(const Negotiated& n) noexcept { return chose_cma(n); }
+
+bool channel_verdict(const HelloInfo& client, const HelloInfo& server, int fd, int known_pid) {
+    return cma_usable(client, server, fd, known_pid);
+}
+
+HelloInfo without_checked_channels(HelloInfo server) { return without_cma(std::move(server)); }
+
 }  // namespace tensorplay::detail

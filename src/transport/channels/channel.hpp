@@ -37,6 +37,25 @@ public:
     virtual void received(ConnectionState& s, Frame& f, std::uint64_t hold) = 0;
 };
 
+// ---- The channels' part in the handshake (docs/protocol.md, "Channels") ----
+// A channel may have to check a peer before it carries anything for it (cma: this process must be
+// able to read the peer's memory). The server offers it only to a peer it can use it with; after an
+// answer that chose such a channel the client sends its verdict (a record), and a negative one
+// makes both sides fall back to what the server's other offers give. The handshake asks these
+// functions and names no channel.
+
+/// Fills this side's channel parameters (identities, probe targets) into its hello before it is sent.
+void prepare_channel_offers(HelloInfo& mine);
+/// Server: `mine` as offered to `peer`, whose end of the connection's socket is `fd` (`known_pid`:
+/// the kernel's word on its process, -1 when unknown): the channels this side cannot use with it left out.
+[[nodiscard]] HelloInfo channel_offers_for(HelloInfo mine, const HelloInfo& peer, int fd, int known_pid);
+/// Whether the answer chose a channel that the client must check (a verdict record follows the answer).
+[[nodiscard]] bool channel_verdict_needed(const Negotiated& n) noexcept;
+/// Client: its verdict on such an answer: whether it can use those channels with the server.
+[[nodiscard]] bool channel_verdict(const HelloInfo& client, const HelloInfo& server, int fd, int known_pid);
+/// Both sides, after a negative verdict: the server's offers without the channels the client checks.
+[[nodiscard]] HelloInfo without_checked_channels(HelloInfo server);
+
 /// The channels of one connection, as the sender and the receiver look them up.
 class ChannelTable {
 public:

@@ -73,7 +73,7 @@ Result<CmaParams> decode_cma_params(std::string_view bytes) {
 
 std::string cma_domain(const cma::Identity& id) { return "cma:" + id.boot_id + "/" + id.pid_ns + "/" + id.user_ns; }
 
-void prepare_channel_offers(HelloInfo& info) {
+void prepare_cma_offers(HelloInfo& info) {
     if (!find_cma(info)) return;
     std::optional<Result<cma::Identity>> id;
     for (auto it = info.channels.begin(); it != info.channels.end();) {

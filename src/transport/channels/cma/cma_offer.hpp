@@ -36,7 +36,7 @@ struct CmaParams {
 /// drops them when this process's identity cannot be read. An offer whose params are already set
 /// keeps them (tests). With TP_CMA_TEST_BAD_PROBE=1 in the environment the advertised probe
 /// target is wrong (a test seam: the peer's probe of this process fails).
-void prepare_channel_offers(HelloInfo& info);
+void prepare_cma_offers(HelloInfo& info);
 
 /// Whether `info` offers cma.
 [[nodiscard]] bool offers_cma(const HelloInfo& info) noexcept;
