@@ -398,7 +398,9 @@ TEST_CASE("a peer ringing our doorbell in a loop costs the waiting side little C
         INFO("CPU over 1 s of a doorbell storm: " << used << " s; " << st.idle_bells << " idle bells, " << st.backoffs
                                                   << " pauses");
         CHECK(st.backoffs > 0);
-        CHECK(used < 0.25);  // (before the pauses: a whole core, as long as the peer rang)
+        // (Before the pauses: a whole core, as long as the peer rang; with them about a tenth, more
+        // under the sanitizers, whose TSan build used 0.25 s once: half a core tells them apart.)
+        CHECK(used < 0.5);
     });
     CHECK(child.wait() == 0);
 }
