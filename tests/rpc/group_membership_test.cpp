@@ -141,7 +141,7 @@ TEST_CASE("changed() wakes a waiter at each change; eviction and leaving are rec
                 w = true;
             }(m, woken),
             asio::detached);
-        co_await test::sleep_for(1ms);
+        co_await asio::post(ex, asio::use_awaitable);  // (one turn: the waiter is parked now)
         CHECK_FALSE(woken);
         m.adopt(group_of({0, 1}));
         CHECK_FALSE(woken);  // (the agent follows first, then notifies)

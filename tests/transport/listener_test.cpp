@@ -99,17 +99,19 @@ TEST_CASE("a listener goes on after a peer's failed handshake, and close() ends 
         REQUIRE(cl);
         // close() while an accept waits: it ends with cancelled.
         std::optional<Result<std::shared_ptr<Connection>>> pending;
+        test::SinkEvents ended(ex);
         asio::co_spawn(
             ex,
             [&]() -> Task<void> {
                 auto waiting = (*listener)->accept(test::hello("server", 1));
                 pending = co_await std::move(waiting);
+                ended.notify();
             },
             asio::detached);
-        co_await test::sleep_for(10ms);
+        co_await asio::post(ex, asio::use_awaitable);  // (one turn: the accept is waiting now)
         CHECK_FALSE(pending);
         (*listener)->close();
-        for (int i = 0; i < 500 && !pending; ++i) co_await test::sleep_for(1ms);
+        co_await ended.until([&] { return pending.has_value(); });
         REQUIRE(pending);
         REQUIRE_FALSE(*pending);
         CHECK(pending->error().code() == Errc::cancelled);
