@@ -7,11 +7,73 @@
 
 namespace tensorplay::detail {
 
+namespace recycled_lists {
+
+/// Per-thread free lists of small blocks, by size in steps of 16 bytes. (Asio's own per-thread
+/// cache keeps eight blocks of any size for its operations; sharing it, blocks of one size kept
+/// being evicted for another and every call went to malloc.)
+class FreeLists {
+public:
+    static constexpr std::size_t kStep = 16, kClasses = 24, kKeep = 256;
+
+    FreeLists() = default;
+    FreeLists(const FreeLists&) = delete;
+    FreeLists& operator=(const FreeLists&) = delete;
+    ~FreeLists();
+    void* allocate(std::size_t size) {
+        const std::size_t c = (size + kStep - 1) / kStep;
+        if (c == 0 || c > kClasses) return ::operator new(size);
+        if (Node* n = heads_[c - 1]) {
+            heads_[c - 1] = n->next;
+            --counts_[c - 1];
+            return n;
+        }
+        return ::operator new(c * kStep);
+    }
+    void free(void* p, std::size_t size) noexcept {
+        const std::size_t c = (size + kStep - 1) / kStep;
+        if (c == 0 || c > kClasses || counts_[c - 1] >= kKeep) {
+            ::operator delete(p);
+            return;
+        }
+        heads_[c - 1] = new (p) Node{heads_[c - 1]};
+        ++counts_[c - 1];
+    }
+
+private:
+    struct Node {
+        Node* next;
+    };
+    Node* heads_[kClasses] = {};
+    std::size_t counts_[kClasses] = {};
+};
+
+/// This thread's lists: a plain pointer (trivially destructible, so reading it needs no
+/// initialisation check); null until the thread's first allocation, `&gone` once the thread's
+/// lists were deleted at its exit (blocks freed later on it go to operator delete).
+inline thread_local FreeLists* lists = nullptr;
+extern FreeLists gone;
+/// Makes this thread's lists (its first allocation) and registers their deletion at thread exit.
+[[nodiscard]] FreeLists* make();
+
+}  // namespace recycled_lists
+
 /// Memory for a waiter, an operation or a container node from per-thread free lists of small
 /// blocks (malloc beyond them); `size` must match between the two calls. A block may be freed on
-/// another thread than the one that allocated it.
-void* recycled_allocate(std::size_t size);
-void recycled_free(void* p, std::size_t size) noexcept;
+/// another thread than the one that allocated it. (Inline: several per call on each side.)
+inline void* recycled_allocate(std::size_t size) {
+    recycled_lists::FreeLists* l = recycled_lists::lists;
+    if (l == nullptr) [[unlikely]] l = recycled_lists::make();
+    return l == &recycled_lists::gone ? ::operator new(size) : l->allocate(size);
+}
+inline void recycled_free(void* p, std::size_t size) noexcept {
+    recycled_lists::FreeLists* l = recycled_lists::lists;
+    if (l == nullptr || l == &recycled_lists::gone) [[unlikely]] {
+        ::operator delete(p);
+        return;
+    }
+    l->free(p, size);
+}
 
 /// A T built in a recycled block; pair with recycled_delete.
 template <class T, class... Args>

@@ -293,4 +293,29 @@ inline auto ResumeSlot::wait(OnCancel on_cancel) {
 }
 #endif
 
+// (Inline: every call adds and removes a slot on each side.)
+inline void SlotRegistry::add(ResumeSlot* s) {
+    std::lock_guard lock(mutex_);
+    if (shut_) return;  // the event loop is going: nothing will resume or destroy it but its owner
+    s->prev_ = nullptr;
+    s->next_ = head_;
+    if (head_) head_->prev_ = s;
+    head_ = s;
+    s->linked_ = true;
+}
+
+inline void SlotRegistry::remove(ResumeSlot* s) {
+    std::lock_guard lock(mutex_);
+    unlink(s);
+}
+
+inline void SlotRegistry::unlink(ResumeSlot* s) {
+    if (!s->linked_) return;
+    if (s->prev_) s->prev_->next_ = s->next_;
+    else head_ = s->next_;
+    if (s->next_) s->next_->prev_ = s->prev_;
+    s->prev_ = s->next_ = nullptr;
+    s->linked_ = false;
+}
+
 }  // namespace tensorplay::detail

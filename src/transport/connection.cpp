@@ -1,7 +1,7 @@
 // Connection: the public class, connecting and accepting, and each connection's watchdog (frame and
-// idle timeouts, keep-alives). The writer is in connection_writer.cpp, queueing a frame (the
-// channel seam) in connection_send.cpp, the reader in connection_read.cpp and
-// connection_dispatch.cpp, the handshake in connection_handshake.cpp.
+// idle timeouts, keep-alives). Queueing a frame (the channel seam) and the writer are in
+// connection_writer.cpp, the reader in connection_dispatch.cpp (small frames) and
+// connection_read.cpp (the general path), the handshake in connection_handshake.cpp.
 #include <tensorplay/transport/connection.hpp>
 
 #include <tensorplay/core/log.hpp>

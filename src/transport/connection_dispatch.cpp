@@ -1,6 +1,7 @@
-// Connection, reading side driving a sink (dispatch_to): small frames are parsed and handed over
-// from the socket read's completion; a frame with tensors or a large payload, and every frame of
-// a polled stream (ByteStream), goes through a coroutine of the connection's task group.
+// Connection, reading side driving a sink (dispatch_to): small frames are parsed where they lie in
+// the read buffer (cma's releases taken on the way) and handed over from the socket read's
+// completion; a frame with tensors or a large payload, and every frame of a polled stream
+// (ByteStream), goes through a coroutine of the connection's task group.
 #include "transport/connection_state.hpp"
 
 #include <tensorplay/core/log.hpp>
@@ -10,7 +11,116 @@
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 
+#include <cstring>
+
 namespace tensorplay::detail {
+
+/// The common case without waiting: a whole frame without tensors in the buffer, viewed where
+/// it lies (and consumed: the views stay valid until the buffer is next read into or
+/// compacted). `more`: read first (the buffer has room for the whole frame); `general`:
+/// read_general's path.
+ConnectionState::Parse ConnectionState::parse_view(FrameView& f, std::optional<Error>& err) {
+    for (;;) {  // (a keep-alive is dropped and the next frame parsed: `continue`)
+        // (Looked at here first: a call per frame costs every round trip some 50 instructions.)
+        if (rend - rbeg >= kFrameHeaderSize + kReleaseMetaLen &&
+            rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control) && !take_buffered_releases(err))
+            return Parse::bad;
+        const std::size_t avail = rend - rbeg;
+        std::size_t need = kFrameHeaderSize;
+        if (avail >= kFrameHeaderSize) {
+            const std::uint8_t* p = rbuf.data() + rbeg;
+            FrameHeader h;
+            if (!peek_frame_header(p, limits, h)) {
+                auto bad = decode_frame_header({p, kFrameHeaderSize}, limits);  // (fails: says why)
+                err = broken(std::move(bad).error().context("frame from " + who()).on_worker(peer.name));
+                return Parse::bad;
+            }
+            const std::uint64_t body = std::uint64_t(h.meta_len) + h.payload_len;
+            if (body > rbuf.size() - kFrameHeaderSize) return Parse::general;
+            need += body;
+            if (avail >= need) {
+                const std::span<const std::uint8_t> meta{p + kFrameHeaderSize, h.meta_len};
+                // Tensors, or malformed metadata: read_general decodes it and says which.
+                // (A whole release here has a bad block, and a control frame with an empty name is
+                // not a release: read_general says so.)
+                if (h.flags != 0 || !decode_small_meta(meta, limits, f.name) || (h.kind == FrameKind::control && f.name.empty()))
+                    return Parse::general;
+                f.kind = h.kind;
+                f.id = h.id;
+                f.payload = {p + kFrameHeaderSize + h.meta_len, h.payload_len};
+                rbeg += need;
+                if (rbeg == rend) rbeg = rend = 0;
+                ++stats.frames_received;
+                // A keep-alive only shows the peer is there (the read that brought it counts for
+                // idle_timeout): dropped here, the next frame parsed instead.
+                if (h.kind == FrameKind::control && f.name == kKeepAliveName) [[unlikely]] {
+                    ++stats.keepalives_received;
+                    continue;
+                }
+                return Parse::frame;
+            }
+        }
+        if (rbuf.size() - rbeg < need) {  // make room for the whole frame
+            std::memmove(rbuf.data(), rbuf.data() + rbeg, avail);
+            rend = avail;
+            rbeg = 0;
+        }
+        return Parse::more;
+    }
+}
+
+bool ConnectionState::take_buffered_releases(std::optional<Error>& err) {
+    constexpr std::size_t whole = kFrameHeaderSize + kReleaseMetaLen;
+    while (rend - rbeg >= whole && rbuf.data()[rbeg + 2] == static_cast<std::uint8_t>(FrameKind::control)) {
+        const std::uint8_t* p = rbuf.data() + rbeg;
+        FrameHeader h;
+        std::string_view name;
+        // Anything but a well-formed release is left to the frame parser, which says what is wrong.
+        if (!peek_frame_header(p, limits, h) || h.meta_len != kReleaseMetaLen ||
+            !decode_small_meta({p + kFrameHeaderSize, kReleaseMetaLen}, limits, name) || !name.empty())
+            return true;
+        rbeg += whole;
+        if (!take_release(h.id, err)) return false;
+    }
+    if (rbeg == rend) rbeg = rend = 0;
+    return true;
+}
+
+bool ConnectionState::take_release(std::uint64_t id, std::optional<Error>& err) {
+    auto it = holds.find(id);
+    if (it != holds.end()) {
+        held_bytes -= it->second.bytes;
+        holds.erase(it);
+    } else {
+        err = broken(Error(Errc::protocol_error,
+                           "frame from " + who() + " releases hold " + std::to_string(id) + ", which we do not hold",
+                           peer.name));
+        return false;
+    }
+    channel_stats.cma_held = holds.size();
+    return true;
+}
+
+void ConnectionState::send_release(std::uint64_t hold) {
+    if (!open) return;
+    ++sends;
+    const bool was_empty = queue.empty();
+    queue.push_back(OutFrame{encode_release(hold), {}, {}, {}});
+    // The writer writes it after this turn, unless a frame flushed meanwhile (a reply) takes it along.
+    if (was_empty && !writing) wake.complete_later();
+}
+
+/// parse_view, into a Frame.
+ConnectionState::Parse ConnectionState::parse_buffered(Frame& f, std::optional<Error>& err) {
+    FrameView v;
+    const Parse p = parse_view(v, err);
+    if (p != Parse::frame) return p;
+    f.kind = v.kind;
+    f.id = v.id;
+    f.name = v.name;
+    f.payload.assign(v.payload.begin(), v.payload.end());
+    return p;
+}
 
 void DispatchReader::operator()(DispatchOp& op, std::error_code ec, std::size_t n) {
     s->reading = false;

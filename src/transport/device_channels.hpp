@@ -27,7 +27,11 @@ namespace tensorplay::detail {
 
 /// Whether a message must go through the device channels: some tensor is on a device other than
 /// the CPU.
-[[nodiscard]] bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept;
+[[nodiscard]] inline bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept {
+    for (const auto& t : tensors)
+        if (t.defined() && !t.device().is_cpu()) return true;
+    return false;
+}
 
 struct ReleaseWatch;
 

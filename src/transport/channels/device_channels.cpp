@@ -24,12 +24,6 @@
 
 namespace tensorplay::detail {
 
-bool has_device_tensors(const std::vector<Tensor>& tensors) noexcept {
-    for (const auto& t : tensors)
-        if (t.defined() && !t.device().is_cpu()) return true;
-    return false;
-}
-
 std::size_t default_outbox_bytes() {
     if (const char* v = std::getenv("TP_CUDA_IPC_OUTBOX_BYTES"); v && *v) {
         char* end = nullptr;
