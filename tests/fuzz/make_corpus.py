@@ -250,3 +250,25 @@ write("store_server", {
     "bad_request_closes": u8(1) + op_open(0) + op_open(1) + op_send(1, L["wait"]) + op_send(0, u8(200)) +
         op_open(0) + op_send(0, u8(LEGACY["add"]) + str64("x") + i64(1)),
 })
+
+# ---- the shm setup: a shape byte (bits 0-3: descriptor count mod 9; bit 4: descriptors on the
+# second piece; bit 5: half-close), per descriptor a kind byte (0 ring memfd: capacity, shape and a
+# scribble count follow; 1 and 2 eventfd: a flags byte follows; 3 pipe, 4 /dev/null, 5 plain memfd,
+# 6 socket), a max-capacity byte, 32 bytes xored into a valid message, a trailing-length byte and a
+# split byte.
+def ring(capacity_log=0): return u8(0) + u8(capacity_log) + u8(0) + u8(0)
+def bell(): return u8(1) + u8(0)
+def setup(shape, fds, max_log=0, mix=b"", trailing=0, split=0):
+    return u8(shape) + b"".join(fds) + u8(max_log) + (mix + bytes(32))[:32] + u8(trailing) + u8(split)
+write("shm_setup", {
+    "valid": setup(3, [ring(), bell(), bell()]),
+    "valid_larger_ring": setup(3, [ring(2), bell(), bell()], max_log=3),
+    "valid_in_two_pieces": setup(3, [ring(), bell(), bell()], split=5),
+    "descriptors_late": setup(3 | 16, [ring(), bell(), bell()], split=5),
+    "ring_over_bound": setup(3, [ring(3), bell(), bell()], max_log=1),
+    "pipe_for_bell": setup(3, [ring(), bell(), u8(3)]),
+    "half_closed_short": setup(3 | 32, [ring(), bell(), bell()], trailing=0, split=20),
+    "too_many": setup(5, [ring(), bell(), bell(), u8(4), u8(6)]),
+    "unsealed": setup(3, [u8(0) + u8(0) + u8(0x80) + u8(0), bell(), bell()]),
+    "bad_magic": setup(3, [ring(), bell(), bell()], mix=b"\xff"),
+})
