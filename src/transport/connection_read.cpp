@@ -1,6 +1,7 @@
 // Connection, reading side, the general path: awaited reads of whole frames (receive), tensor
 // bytes read straight into their storage, large payloads (the small frames' parse in place and
 // the dispatch to a sink are in connection_dispatch.cpp).
+#include "transport/channels/basic/basic.hpp"
 #include "transport/connection_state.hpp"
 
 #include <tensorplay/core/log.hpp>
@@ -257,13 +258,6 @@ struct GeneralFrame {
     }
 };
 
-Error budget_error(const ConnectionState& s, std::size_t n, const char* what) {
-    const auto& b = *s.limits.budget;
-    return Error(Errc::io_error,
-                 std::string("cannot receive ") + what + " of " + std::to_string(n) + " bytes from " + s.who() +
-                     ": the connections' receive budget (" + std::to_string(b.limit()) + " bytes, " +
-                     std::to_string(b.used()) + " in use by frames still arriving) is spent; retry later");
-}
 }  // namespace
 
 /// Reads a frame with tensors, or one larger than the buffer.
@@ -328,50 +322,20 @@ Task<Result<Frame>> ConnectionState::read_general() {
             if (auto r = co_await by_ref->receive(*this, f, i, desc, remote, guard.held); !r) co_return fail(broken(std::move(r).error()));
             continue;
         }
-        // Once one part of the frame is refused, the rest is read and dropped: the frame is
-        // answered with that error.
-        if (f.alloc_error) {
-            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
-            continue;
-        }
-        bool taken = false;
-        if (limits.budget && desc.nbytes > 0) {
-            if (!limits.budget->try_take(desc.nbytes)) {
-                f.alloc_error = budget_error(*this, desc.nbytes, "a tensor");
-                if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
-                continue;
-            }
-            taken = true;
-        }
-        auto sink = sink_allocator ? sink_allocator(desc) : Result<std::shared_ptr<ByteSink>>(nullptr);
-        if (sink && *sink) {
-            // Its bytes go to the sink as they are read; the tensor is what it makes of them.
-            std::optional<Error> refused;
-            auto r = co_await read_sunk(**sink, desc.nbytes, refused);
-            if (taken) limits.budget->give_back(desc.nbytes);  // (the sink's memory is its own)
-            if (!r) co_return fail(r.error());
-            Result<Tensor> t = refused ? Result<Tensor>(fail(std::move(*refused))) : (*sink)->finish();
-            if (t && t->nbytes() != desc.nbytes) t = fail(Errc::internal, "a tensor sink made a tensor of the wrong size");
-            if (!t) f.alloc_error = std::move(t).error();
-            else f.tensors.push_back(std::move(*t));
-            continue;
-        }
-        Result<Tensor> t = sink ? allocate(desc) : fail(std::move(sink).error());
-        if (taken) {
-            if (t) guard.held += desc.nbytes;
-            else limits.budget->give_back(desc.nbytes);
-        }
-        if (!t) {
-            f.alloc_error = std::move(t).error();
-            if (auto r = co_await skip(desc.nbytes); !r) co_return fail(r.error());
-            continue;
-        }
-        if (auto r = co_await read_into(t->data(), desc.nbytes); !r) co_return fail(r.error());
-        f.tensors.push_back(std::move(*t));
+        // Its bytes follow on the stream: the basic channel receives it.
+        if (auto r = co_await basic_receive(*this, f, desc, guard.held); !r) co_return fail(r.error());
     }
     if (by_ref) by_ref->received(*this, f, meta->hold);
     ++stats.frames_received;
     co_return f;
+}
+
+Error ConnectionState::budget_error(std::size_t n, const char* what) const {
+    const auto& b = *limits.budget;
+    return Error(Errc::io_error,
+                 std::string("cannot receive ") + what + " of " + std::to_string(n) + " bytes from " + who() +
+                     ": the connections' receive budget (" + std::to_string(b.limit()) + " bytes, " +
+                     std::to_string(b.used()) + " in use by frames still arriving) is spent; retry later");
 }
 
 Result<Tensor> ConnectionState::allocate(const TensorDesc& desc) {
@@ -382,7 +346,7 @@ Result<Tensor> ConnectionState::allocate(const TensorDesc& desc) {
 }
 
 Result<Tensor> ConnectionState::take_tensor(const TensorDesc& desc, std::size_t& held) {
-    if (limits.budget && desc.nbytes > 0 && !limits.budget->try_take(desc.nbytes)) return fail(budget_error(*this, desc.nbytes, "a tensor"));
+    if (limits.budget && desc.nbytes > 0 && !limits.budget->try_take(desc.nbytes)) return fail(budget_error(desc.nbytes, "a tensor"));
     auto t = allocate(desc);
     if (limits.budget && desc.nbytes > 0) {
         if (t) held += desc.nbytes;
@@ -400,7 +364,7 @@ Task<Result<void>> ConnectionState::read_payload(Frame& f, std::size_t len, std:
         const std::size_t want = std::min(len, std::max({got * 2, got + kPayloadStep, got + (rend - rbeg)}));
         const std::size_t more = want - got;
         if (limits.budget && !limits.budget->try_take(more)) {
-            f.alloc_error = budget_error(*this, len, "a payload");
+            f.alloc_error = budget_error(len, "a payload");
             Bytes().swap(f.payload);
             co_return co_await skip(len - got);
         }

@@ -317,6 +317,8 @@ struct ConnectionState {
     /// allocate(), its bytes taken from the receive budget first (and counted in `held`, which the
     /// frame gives back when it is read): for a tensor whose bytes a channel brings (cma).
     [[nodiscard]] Result<Tensor> take_tensor(const TensorDesc& desc, std::size_t& held);
+    /// The error of a receive budget that cannot give `n` bytes for `what` (a frame fails with it).
+    [[nodiscard]] Error budget_error(std::size_t n, const char* what) const;
 
     /// Reads a payload of `len` bytes into `f` (growing as its bytes arrive, taking from the
     /// receive budget as it grows: `held`); a refused budget leaves f.alloc_error set and the
