@@ -387,6 +387,7 @@ Result<void> detail::ConnectionState::queue_planned(FrameKind kind, std::uint64_
     if (refs) {
         s.holds.emplace(parts.hold, detail::ConnectionState::Hold{plan.held, plan.held_bytes, plan.keep});
         s.held_bytes += plan.held_bytes;
+        s.channel_stats.cma_held = s.holds.size();
     }
     return s.queue_frame(std::move(out), flush);
 }

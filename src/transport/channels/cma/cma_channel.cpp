@@ -33,7 +33,6 @@ std::optional<SendPlan> CmaChannel::plan(ConnectionState& s, const std::vector<T
     p.hold = lease->id();
     p.keep = std::make_shared<cma::Lease>(std::move(*lease));
     s.channel_stats.cma_sent += p.held.size();
-    s.channel_stats.cma_held = s.holds.size() + 1;  // (the hold queue_planned adds)
     return p;
 }
 
