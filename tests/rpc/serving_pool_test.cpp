@@ -71,12 +71,11 @@ TEST_CASE("a serving pool parks workers up to its bound, hands them requests, an
         ServingPool pool(2);
         Served s;
         for (int i = 0; i < 3; ++i) asio::co_spawn(ex, serve(pool, s), asio::detached);
-        co_await test::sleep_for(5ms);
+        co_await asio::post(ex, asio::use_awaitable);  // (one turn: the three have started)
         CHECK(pool.idle() == 2);
         CHECK(s.exited == 1);  // the third found the pool full
 
         REQUIRE(hand(pool, 7));
-        co_await test::sleep_for(1ms);
         CHECK(s.ids == std::vector<std::uint64_t>{7});
         CHECK(pool.idle() == 2);  // it served and parked again
         // A parked worker is resumed in place: it has served, and parked again, when hand() returns.
@@ -87,7 +86,7 @@ TEST_CASE("a serving pool parks workers up to its bound, hands them requests, an
         CHECK(pool.idle() == 2);
 
         pool.close();
-        co_await test::sleep_for(1ms);
+        co_await asio::post(ex, asio::use_awaitable);  // (one turn: the woken workers have exited)
         CHECK(s.exited == 3);
         CHECK(pool.idle() == 0);
         CHECK_FALSE(hand(pool, 10));
@@ -113,11 +112,11 @@ TEST_CASE("a parked worker destroyed unwoken leaves the idle list; abandon destr
         Served s;
         asio::co_spawn(ex, serve(pool, s), asio::detached);
         asio::co_spawn(ex, serve(pool, s), asio::detached);
-        co_await test::sleep_for(5ms);
+        co_await asio::post(ex, asio::use_awaitable);  // (one turn: both have parked)
         CHECK(pool.idle() == 2);
         pool.abandon();  // (the owner goes: no request can come, and nobody resumes them)
         CHECK(pool.idle() == 0);
-        co_await test::sleep_for(1ms);  // (Asio unwinds an abandoned coroutine through its executor)
+        co_await asio::post(ex, asio::use_awaitable);  // (Asio unwinds an abandoned coroutine through its executor)
         CHECK(s.frames_gone == 2);
         CHECK(s.exited == 0);
         ServeWorker again;  // abandoning does not close: a new worker may park
