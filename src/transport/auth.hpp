@@ -31,8 +31,9 @@ using Proof = std::array<std::uint8_t, kProofSize>;
 /// Whether two proofs are equal, in time independent of where they differ (CRYPTO_memcmp).
 [[nodiscard]] bool same_proof(const Proof& a, const Proof& b) noexcept;
 
-/// Whose proof a transcript is for: the label keeps one side's proof from serving as the other's.
-enum class ProofBy : std::uint8_t { client = 1, server = 2 };
+/// Whose proof a transcript is for: the label keeps one side's proof from serving as the other's,
+/// and a proof of the key from serving as the MAC of a side's offers (version 7).
+enum class ProofBy : std::uint8_t { client = 1, server = 2, client_offers = 3, server_offers = 4 };
 
 /// What both sides said in the handshake, as each proof covers it (docs/protocol.md, "Handshake").
 struct Transcript {

@@ -8,7 +8,6 @@
 #include "core/resolve.hpp"
 #include "transport/auth.hpp"
 #include "transport/channels/channel.hpp"
-#include "transport/channels/channel.hpp"
 #include "transport/connection_state.hpp"
 #include "transport/negotiate.hpp"
 #include "transport/transport.hpp"
@@ -20,17 +19,25 @@ namespace tensorplay::detail {
 // The exchange (each arrow one write; the server answers every hello, even a refused one, so
 // that the client learns why):
 //
-//   without a key on either side        with a key on both sides
-//   C -> S  hello (auth none)            C -> S  hello (auth hmac, client nonce)
-//   S -> C  hello (done | refused)       S -> C  hello (server nonce, proof | refused)
+//   without a key on either side        with a key on both sides (version 7)
+//   C -> S  hello (offers)               C -> S  hello (name and rank only, client nonce)
+//   S -> C  hello (offers, answer |      S -> C  hello (name and rank only, server nonce, proof |
+//                  refused)                             refused)
 //                                        C -> S  record (proof | refused)
 //                                        S -> C  record (accepted | refused)
+//                                        C -> S  hello (offers, MAC)
+//                                        S -> C  hello (offers, answer, MAC)
 //
+// (then, when the answer chose a channel that the client checks, its verdict record). With a key,
+// nothing a peer could use to reach us on this host (same-host addresses, channel identities)
+// goes out before the peer has proven the key: the proofs cover the names, ranks and nonces, and
+// each side's offers travel after them under a MAC (an HMAC under the key of the transcript so
+// far and the offers, with a label of their own), so that an on-path peer cannot rewrite them.
 // A key on one side only is refused by the server (and by the client, should a server admit it).
-// Each proof is an HMAC-SHA256 under the key of the transcript (both hellos' identities, both
-// nonces) and a direction label, so that neither side's proof serves as the other's and a
-// recorded client's proof fails against the server's next nonce. Refusal reasons are written for
-// the client's error message ("we" is the client); nothing secret is ever put in a message.
+// Each proof is an HMAC-SHA256 under the key of the transcript and a direction label, so that
+// neither side's proof serves as the other's and a recorded client's proof fails against the
+// server's next nonce. Refusal reasons are written for the client's error message ("we" is the
+// client); nothing secret is ever put in a message.
 
 namespace {
 
@@ -71,6 +78,29 @@ Task<Result<HelloPrefix>> read_prefix(ConnectionState& s) {
     s.rbeg += kHelloPrefixSize;
     co_return *p;
 }
+
+/// Reads a whole hello of this version (prefix, version check, body) off the socket.
+Task<Result<Hello>> read_hello(ConnectionState& s) {
+    auto p = co_await read_prefix(s);
+    if (!p) co_return fail(p.error());
+    if (auto v = check_version(*p); !v) co_return fail(v.error());
+    if (auto r = co_await s.fill(p->body_len); !r) co_return fail(r.error());
+    co_return s.parse_hello_body(p->body_len);
+}
+
+/// A hello that says who the side is and nothing more (no offers): what a keyed side sends before
+/// the key is proven, and what a refusal carries.
+Hello bare_hello(const HelloInfo& info) {
+    Hello bare;
+    bare.info.name = info.name;
+    bare.info.rank = info.rank;
+    bare.info.transports.clear();
+    bare.info.channels.clear();
+    return bare;
+}
+
+/// Whether a hello names offers or an answer (which a keyed side sends only after the proofs).
+bool reveals(const Hello& h) { return !h.info.transports.empty() || !h.info.channels.empty() || h.answer.has_value(); }
 
 /// Reads one handshake record (header, then the body it announces, both bounded).
 Task<Result<AuthRecord>> read_record(ConnectionState& s) {
@@ -145,11 +175,7 @@ Task<Result<void>> send_verdict(ConnectionState& s, const HelloInfo& client, con
 /// A refusal says who refuses and why, nothing more: a peer that is refused (one without the key,
 /// say) learns none of our transports' addresses, channel offers, pid or memory addresses.
 Task<void> refuse(ConnectionState& s, const Hello& mine, const std::string& reason) {
-    Hello bare;
-    bare.info.name = mine.info.name;
-    bare.info.rank = mine.info.rank;
-    bare.info.transports.clear();
-    bare.info.channels.clear();
+    Hello bare = bare_hello(mine.info);
     bare.step = HelloStep::refused;
     bare.reason = reason;
     const Bytes out = encode_hello(bare);
@@ -164,50 +190,47 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
     Hello mine;
     mine.info = std::move(local);
     prepare_channel_offers(mine.info);
+    // With a key, the first hello says who we are and nothing more: the offers follow the proofs.
+    Hello first = mine;
     if (keyed) {
         auto n = make_nonce();
         if (!n) co_return fail(n.error());
-        mine.auth = HelloAuth::hmac_sha256;
-        mine.nonce = *n;
+        first = bare_hello(mine.info);
+        mine.auth = first.auth = HelloAuth::hmac_sha256;
+        mine.nonce = first.nonce = *n;
     }
-    const Bytes hello = encode_hello(mine);
+    const Bytes hello = encode_hello(first);
     if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
-    auto p = co_await read_prefix(*s);
-    if (!p) co_return fail(p.error());
-    if (auto v = check_version(*p); !v) co_return fail(v.error());
-    if (auto r = co_await s->fill(p->body_len); !r) co_return fail(r.error());
-    auto theirs = s->parse_hello_body(p->body_len);
+    auto theirs = co_await read_hello(*s);
     if (!theirs) co_return fail(theirs.error());
     const std::string who = "worker \"" + theirs->info.name + "\" at " + s->endpoint;
-    if (theirs->step != HelloStep::refused) {
+    if (theirs->step == HelloStep::refused)
+        co_return fail(Errc::unauthorized, who + " refused the connection: " + theirs->reason, theirs->info.name);
+    if (theirs->step == HelloStep::offers)
+        co_return fail(Errc::protocol_error, who + " sent its offers before any proof of the key", theirs->info.name);
+    if (!keyed) {
+        if (theirs->step == HelloStep::proof)
+            co_return fail(Errc::unauthorized,
+                           who + " requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
+                                 "TP_RPC_AUTH_KEY_FILE) on every worker",
+                           theirs->info.name);
         auto answer = check_answer(*theirs, mine.info, s->transport, who);
         if (!answer) co_return fail(std::move(answer).error().on_worker(theirs->info.name));
         s->negotiated = std::move(*answer);
         if (channel_verdict_needed(s->negotiated))
             if (auto v = co_await send_verdict(*s, mine.info, theirs->info); !v) co_return fail(v.error());
-    }
-    switch (theirs->step) {
-    case HelloStep::refused:
-        co_return fail(Errc::unauthorized, who + " refused the connection: " + theirs->reason, theirs->info.name);
-    case HelloStep::done:
-        if (keyed)
-            co_return fail(Errc::unauthorized,
-                           who + " does not authenticate (it has no shared key) and we have one: set the same "
-                                 "TP_RPC_AUTH_KEY on every worker, or on none",
-                           theirs->info.name);
         co_return std::move(theirs->info);
-    case HelloStep::proof:
-        break;
     }
-    if (!keyed)
+    if (theirs->step == HelloStep::done)
         co_return fail(Errc::unauthorized,
-                       who + " requires authentication and we have no shared key: set the same TP_RPC_AUTH_KEY (or "
-                             "TP_RPC_AUTH_KEY_FILE) on every worker",
+                       who + " does not authenticate (it has no shared key) and we have one: set the same "
+                             "TP_RPC_AUTH_KEY on every worker, or on none",
                        theirs->info.name);
-    // The server's proof covers its answer; ours the outcome (the answer after our channel verdict).
-    const Transcript answered{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, &*theirs->answer};
-    const Transcript t{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, &s->negotiated};
-    auto expected = handshake_proof(auth.key, answered, ProofBy::server);
+    if (reveals(*theirs))
+        co_return fail(Errc::protocol_error, who + " named its offers before the key was proven", theirs->info.name);
+    // The proofs cover who both sides are and both nonces.
+    const Transcript t{kProtocolVersion, &first.info, &theirs->info, mine.nonce, theirs->nonce, nullptr};
+    auto expected = handshake_proof(auth.key, t, ProofBy::server);
     if (!expected) co_return fail(expected.error());
     if (!same_proof(*expected, theirs->proof)) {
         // Tell the server, so that its log names the problem too; the connection ends either way.
@@ -230,7 +253,36 @@ Task<Result<HelloInfo>> client_handshake(std::shared_ptr<ConnectionState> s, Hel
         co_return fail(Errc::unauthorized, who + " refused the connection: " + verdict->reason, theirs->info.name);
     if (verdict->kind != AuthRecordKind::accepted)
         co_return fail(Errc::protocol_error, who + " answered our proof with another proof");
-    co_return std::move(theirs->info);
+
+    // Both keys are proven: the offers, each side's under a MAC.
+    Hello offers = mine;
+    offers.step = HelloStep::offers;
+    const Transcript offered{kProtocolVersion, &mine.info, &theirs->info, mine.nonce, theirs->nonce, nullptr};
+    auto mac = handshake_proof(auth.key, offered, ProofBy::client_offers);
+    if (!mac) co_return fail(mac.error());
+    offers.proof = *mac;
+    const Bytes offers_bytes = encode_hello(offers);
+    if (auto w = co_await write_all(*s, offers_bytes); !w) co_return fail(w.error());
+    auto reply = co_await read_hello(*s);
+    if (!reply) co_return fail(reply.error());
+    if (reply->step == HelloStep::refused)
+        co_return fail(Errc::unauthorized, who + " refused the connection: " + reply->reason, theirs->info.name);
+    if (reply->step != HelloStep::offers)
+        co_return fail(Errc::protocol_error, who + " answered our offers without its own", theirs->info.name);
+    if (reply->info.name != theirs->info.name || reply->info.rank != theirs->info.rank)
+        co_return fail(Errc::protocol_error, who + " changed its name or rank after the proofs", theirs->info.name);
+    const Transcript answered{kProtocolVersion, &mine.info, &reply->info, mine.nonce, theirs->nonce,
+                              reply->answer ? &*reply->answer : nullptr};
+    auto expected_mac = handshake_proof(auth.key, answered, ProofBy::server_offers);
+    if (!expected_mac) co_return fail(expected_mac.error());
+    if (!same_proof(*expected_mac, reply->proof))
+        co_return fail(Errc::unauthorized, who + " sent offers under a wrong MAC (changed on the way?)", theirs->info.name);
+    auto answer = check_answer(*reply, mine.info, s->transport, who);
+    if (!answer) co_return fail(std::move(answer).error().on_worker(theirs->info.name));
+    s->negotiated = std::move(*answer);
+    if (channel_verdict_needed(s->negotiated))
+        if (auto v = co_await send_verdict(*s, mine.info, reply->info); !v) co_return fail(v.error());
+    co_return std::move(reply->info);
 }
 
 Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, HelloInfo local) {
@@ -273,18 +325,18 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
         co_return fail(Errc::unauthorized, peer + " authenticates with a shared key and this worker has none: set the "
                                                   "same TP_RPC_AUTH_KEY on every worker, or on none");
     }
-    // (A channel that needs a check is offered only to a peer this side can use it with.)
-    mine.info = channel_offers_for(std::move(mine.info), theirs->info, s->socket.native_handle(), s->peer_pid);
-    // The server decides; a hello without an answer tells the client that nothing is common.
-    auto chosen = negotiate(mine.info, theirs->info, s->transport);
-    if (!chosen) {
-        const Bytes hello = encode_hello(mine);
-        (void)co_await write_all(*s, hello);
-        co_return fail(chosen.error());
-    }
-    s->negotiated = *chosen;
-    mine.answer = std::move(*chosen);
     if (!keyed) {
+        // (A channel that needs a check is offered only to a peer this side can use it with.)
+        mine.info = channel_offers_for(std::move(mine.info), theirs->info, s->socket.native_handle(), s->peer_pid);
+        // The server decides; a hello without an answer tells the client that nothing is common.
+        auto chosen = negotiate(mine.info, theirs->info, s->transport);
+        if (!chosen) {
+            const Bytes hello = encode_hello(mine);
+            (void)co_await write_all(*s, hello);
+            co_return fail(chosen.error());
+        }
+        s->negotiated = *chosen;
+        mine.answer = std::move(*chosen);
         if (auth.admit)
             if (auto a = auth.admit(theirs->info); !a) {
                 co_await refuse(*s, mine, a.error().message());
@@ -296,20 +348,24 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
             if (auto v = co_await read_verdict(*s, mine.info, theirs->info, peer); !v) co_return fail(v.error());
         co_return std::move(theirs->info);
     }
+    if (reveals(*theirs)) {
+        const std::string why = "our hello named our offers before the key was proven";
+        co_await refuse(*s, mine, why);
+        co_return fail(Errc::protocol_error, peer + " sent its offers before proving the shared key");
+    }
+    // The proofs cover who both sides are and both nonces; our offers wait for the client's proof.
     auto n = make_nonce();
     if (!n) co_return fail(n.error());
-    mine.auth = HelloAuth::hmac_sha256;
-    mine.nonce = *n;
-    const Transcript t{kProtocolVersion, &theirs->info, &mine.info, theirs->nonce, mine.nonce, &s->negotiated};
+    Hello first = bare_hello(mine.info);
+    first.auth = mine.auth = HelloAuth::hmac_sha256;
+    first.nonce = mine.nonce = *n;
+    const Transcript t{kProtocolVersion, &theirs->info, &first.info, theirs->nonce, first.nonce, nullptr};
     auto ours = handshake_proof(auth.key, t, ProofBy::server);
     if (!ours) co_return fail(ours.error());
-    mine.step = HelloStep::proof;
-    mine.proof = *ours;
-    const Bytes hello = encode_hello(mine);
+    first.step = HelloStep::proof;
+    first.proof = *ours;
+    const Bytes hello = encode_hello(first);
     if (auto w = co_await write_all(*s, hello); !w) co_return fail(w.error());
-    // (The client's verdict comes before its proof, which covers the outcome: t's answer is ours.)
-    if (channel_verdict_needed(s->negotiated))
-        if (auto v = co_await read_verdict(*s, mine.info, theirs->info, peer); !v) co_return fail(v.error());
     auto answer = co_await read_record(*s);
     if (!answer) co_return fail(answer.error());
     if (answer->kind == AuthRecordKind::refused)
@@ -332,7 +388,35 @@ Task<Result<HelloInfo>> server_handshake(std::shared_ptr<ConnectionState> s, Hel
         }
     const std::string none;
     if (auto w = co_await send_record(*s, AuthRecordKind::accepted, none); !w) co_return fail(w.error());
-    co_return std::move(theirs->info);
+
+    // Both keys are proven: the client's offers, then ours with the answer, each under a MAC.
+    auto offered = co_await read_hello(*s);
+    if (!offered) co_return fail(offered.error());
+    if (offered->step != HelloStep::offers)
+        co_return fail(Errc::protocol_error, peer + " sent no offers after the proofs");
+    if (offered->info.name != theirs->info.name || offered->info.rank != theirs->info.rank)
+        co_return fail(Errc::protocol_error, peer + " changed its name or rank after the proofs");
+    const Transcript their_offers{kProtocolVersion, &offered->info, &first.info, theirs->nonce, first.nonce, nullptr};
+    auto expected_mac = handshake_proof(auth.key, their_offers, ProofBy::client_offers);
+    if (!expected_mac) co_return fail(expected_mac.error());
+    if (!same_proof(*expected_mac, offered->proof))
+        co_return fail(Errc::unauthorized, peer + " sent offers under a wrong MAC (changed on the way?)");
+    mine.info = channel_offers_for(std::move(mine.info), offered->info, s->socket.native_handle(), s->peer_pid);
+    auto chosen = negotiate(mine.info, offered->info, s->transport);
+    mine.step = HelloStep::offers;
+    if (chosen) mine.answer = *chosen;
+    const Transcript our_offers{kProtocolVersion, &offered->info, &mine.info, theirs->nonce, first.nonce,
+                                mine.answer ? &*mine.answer : nullptr};
+    auto mac = handshake_proof(auth.key, our_offers, ProofBy::server_offers);
+    if (!mac) co_return fail(mac.error());
+    mine.proof = *mac;
+    const Bytes reply = encode_hello(mine);
+    if (auto w = co_await write_all(*s, reply); !w) co_return fail(w.error());
+    if (!chosen) co_return fail(chosen.error());
+    s->negotiated = std::move(*chosen);
+    if (channel_verdict_needed(s->negotiated))
+        if (auto v = co_await read_verdict(*s, mine.info, offered->info, peer); !v) co_return fail(v.error());
+    co_return std::move(offered->info);
 }
 
 Task<Result<void>> finish_transport(ConnectionState& s, Duration timeout) {

@@ -264,7 +264,7 @@ Bytes encode_hello(const Hello& hello, std::uint32_t magic, std::uint16_t versio
     w.u8(static_cast<std::uint8_t>(hello.step));
     if (hello.step == HelloStep::refused)
         w.str32(std::string_view(hello.reason).substr(0, kMaxRefusalReason));
-    else if (hello.step == HelloStep::proof)
+    else if (hello.step == HelloStep::proof || hello.step == HelloStep::offers)
         w.raw(hello.proof);
     w.u8(hello.answer && hello.step != HelloStep::refused ? 1 : 0);
     if (hello.answer && hello.step != HelloStep::refused) {
@@ -346,7 +346,7 @@ Result<Hello> decode_hello_body(std::span<const std::uint8_t> bytes, const Conne
     hello.step = static_cast<HelloStep>(step);
     if (hello.step == HelloStep::refused) {
         hello.reason = std::string(r.str32(kMaxRefusalReason, "refusal reason"));
-    } else if (hello.step == HelloStep::proof) {
+    } else if (hello.step == HelloStep::proof || hello.step == HelloStep::offers) {
         if (hello.auth != HelloAuth::hmac_sha256)
             return fail(Errc::protocol_error, "handshake carries a proof without naming an authentication method");
         auto p = r.raw(hello.proof.size(), "handshake proof");

@@ -98,9 +98,12 @@ enum class HelloStep : std::uint8_t {
     done = 0,     ///< from the server: the client is admitted, frames follow
     proof = 1,    ///< from the server: its proof follows; the client answers with an AuthRecord
     refused = 2,  ///< from the server: a reason follows, then the connection closes
+    /// With a key, after both proofs (version 7): the side's offers (and the server's answer),
+    /// under a MAC in the proof field; a hello before the proofs names no offers.
+    offers = 3,
 };
 inline constexpr std::uint8_t kMaxHelloAuth = 1;
-inline constexpr std::uint8_t kMaxHelloStep = 2;
+inline constexpr std::uint8_t kMaxHelloStep = 3;
 /// The longest refusal reason on the wire.
 inline constexpr std::size_t kMaxRefusalReason = 1024;
 
@@ -120,7 +123,7 @@ struct Hello {
     std::array<std::uint8_t, 32> nonce{};  ///< when auth is hmac_sha256
     HelloStep step = HelloStep::done;
     std::string reason;                    ///< when step is refused
-    std::array<std::uint8_t, 32> proof{};  ///< when step is proof
+    std::array<std::uint8_t, 32> proof{};  ///< when step is proof (the proof) or offers (the MAC)
     std::optional<Negotiated> answer;      ///< from a server that does not refuse
 };
 

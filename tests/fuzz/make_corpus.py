@@ -53,12 +53,12 @@ write("frame_meta", {
     "empty_dims": meta("", [tensor(5, CPU, CPU, [0, 5], 0), tensor(0, CPU, CPU, [1, 1, 1, 7], 7)]),
 })
 
-# ---- handshake (docs/protocol.md, "Handshake", version 6): u32 magic "TRPC", u16 version, u16 flags,
+# ---- handshake (docs/protocol.md, "Handshake", version 7): u32 magic "TRPC", u16 version, u16 flags,
 # u32 body_len; body: str32 name, i32 rank, u32 n transport offers {str32 name, domain, address},
 # u32 n channel offers {str32 name, device type, domain, params}, u8 auth [32-byte nonce], u8 step
-# [str32 reason | 32-byte proof], u8 answer flag [str32 transport, str32 address, u32 n
+# [str32 reason | 32-byte proof (step 1) or MAC (step 3)], u8 answer flag [str32 transport, str32 address, u32 n
 # {str32 client device type, str32 server device type, str32 channel}]
-def hello(name, rank, transports, channels, version=6, auth=False, step=0, reason="", answer=None):
+def hello(name, rank, transports, channels, version=7, auth=False, step=0, reason="", answer=None):
     body = str32(name) + i32(rank) + u32(len(transports))
     body += b"".join(str32(n) + str32(d) + str32(a) for n, d, a in transports)
     body += u32(len(channels)) + b"".join(str32(c[0]) + str32(c[1]) + str32(c[2]) + str32(c[3] if len(c) > 3 else "")
@@ -66,7 +66,7 @@ def hello(name, rank, transports, channels, version=6, auth=False, step=0, reaso
     body += bytes([1]) + bytes(range(32)) if auth else bytes([0])
     body += bytes([step])
     if step == 2: body += str32(reason)
-    if step == 1: body += bytes(range(100, 132))
+    if step in (1, 3): body += bytes(range(100, 132))
     if answer is None:
         body += bytes([0])
     else:
@@ -81,9 +81,11 @@ write("hello", {
     "server_answer": hello("worker1", 1, [("uds", "uds:boot/4026531840/0", "uds://tp-worker1-1234"),
                                           ("uv", "uv", "tcp://127.0.0.1:29500")], BASIC,
                            answer=("uds", "uds://tp-worker1-1234", [("cpu", "cpu", "basic")])),
-    "keyed_client": hello("trainer17", 17, [("uv", "uv", "")], BASIC, auth=True),
-    "keyed_server_proof": hello("w", 3, [("uv", "uv", "tcp://10.0.0.2:1")], BASIC, auth=True, step=1,
-                                answer=("uv", "tcp://10.0.0.2:1", [("cpu", "cpu", "basic")])),
+    "keyed_client": hello("trainer17", 17, [], [], auth=True),
+    "keyed_server_proof": hello("w", 3, [], [], auth=True, step=1),
+    "keyed_client_offers": hello("trainer17", 17, [("uv", "uv", "")], BASIC, auth=True, step=3),
+    "keyed_server_offers": hello("w", 3, [("uv", "uv", "tcp://10.0.0.2:1")], BASIC, auth=True, step=3,
+                                 answer=("uv", "tcp://10.0.0.2:1", [("cpu", "cpu", "basic")])),
     "refusal": hello("w", 2, [], [], step=2, reason="worker \"x\" is not in this group"),
     "no_rank": hello("", -1, [], []),
     "old_version": hello("w", 3, [("uv", "uv", "")], BASIC, version=3),

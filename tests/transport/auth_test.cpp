@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 // This file's own names: each layer's tests are compiled together (tests/meson.build).
 namespace tp_auth_test {
@@ -106,9 +107,22 @@ Task<bool> closed_by_peer(asio::ip::tcp::socket& s) {
     co_return ec && n == 0;
 }
 
+/// Accepts one connection on `acc` as a keyed server named "server" (rank 0) and records its
+/// failure in `error` (left empty when it connects).
+void spawn_keyed_accept(asio::ip::tcp::acceptor& acc, std::string key, std::optional<Error>& error) {
+    asio::co_spawn(acc.get_executor(), accept_auth(acc, test::hello("server", 0), keyed(std::move(key))),
+                   [&error](std::exception_ptr, Result<std::shared_ptr<Connection>> r) {
+                       if (!r) error = r.error();
+                   });
+}
+
+/// A keyed client's first hello: its name and rank, no offers (they follow the proofs).
 td::Hello keyed_hello(std::string name, int rank) {
     td::Hello h;
-    h.info = test::hello(std::move(name), rank);
+    h.info.name = std::move(name);
+    h.info.rank = rank;
+    h.info.transports.clear();
+    h.info.channels.clear();
     h.auth = td::HelloAuth::hmac_sha256;
     auto n = td::make_nonce();
     REQUIRE(n);
@@ -250,6 +264,12 @@ TEST_CASE("a raw client with a made-up proof is refused and what it sent next is
         co_await test::raw_write(raw, td::encode_hello(keyed_hello("raw", 1)));
         auto theirs = co_await read_full_hello(raw);
         CHECK(theirs.step == td::HelloStep::proof);
+        // Before the client has proven the key the server names itself, nothing it offers: no
+        // transport addresses (uds and shm names), no channel identities, no answer.
+        CHECK(theirs.info.name == "server");
+        CHECK(theirs.info.transports.empty());
+        CHECK(theirs.info.channels.empty());
+        CHECK_FALSE(theirs.answer.has_value());
         td::AuthRecord proof;
         proof.kind = td::AuthRecordKind::proof;  // all zeros
         Bytes out = td::encode_auth_record(proof);
@@ -261,6 +281,47 @@ TEST_CASE("a raw client with a made-up proof is refused and what it sent next is
         CHECK(verdict.reason.find("proof") != std::string::npos);
         const bool closed = co_await closed_by_peer(raw);
         CHECK(closed);
+    });
+}
+
+TEST_CASE("with a key, a client that offers before the proofs is refused, and a client names no offer before them",
+          "[transport][auth][fault]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        asio::ip::tcp::acceptor acc(ex, {asio::ip::make_address("127.0.0.1"), 0});
+        // A raw client whose keyed hello carries its offers (as version 6 sent them).
+        asio::ip::tcp::socket raw(ex);
+        co_await raw.async_connect(acc.local_endpoint(), td::use_nothrow);
+        std::optional<Error> server_error;
+        spawn_keyed_accept(acc, "the key", server_error);
+        auto early = keyed_hello("raw", 1);
+        early.info = test::hello("raw", 1);
+        REQUIRE_FALSE(early.info.transports.empty());
+        co_await test::raw_write(raw, td::encode_hello(early));
+        auto theirs = co_await read_full_hello(raw);
+        CHECK(theirs.step == td::HelloStep::refused);
+        CHECK(theirs.reason.find("before the key was proven") != std::string::npos);
+        CHECK(theirs.info.transports.empty());
+        CHECK(theirs.info.channels.empty());
+        const bool closed = co_await closed_by_peer(raw);
+        CHECK(closed);
+        REQUIRE(server_error);
+        CHECK(server_error->code() == Errc::protocol_error);
+
+        // A keyed client's first hello, read by a raw server: its name, rank and nonce only.
+        asio::ip::tcp::acceptor raw_server(ex, {asio::ip::make_address("127.0.0.1"), 0});
+        auto port = raw_server.local_endpoint().port();
+        asio::co_spawn(ex, Connection::connect("127.0.0.1", port, test::hello("client", 2), ConnectionLimits{}, keyed("the key")),
+                       [](std::exception_ptr, Result<std::shared_ptr<Connection>>) {});
+        auto [aec, sock] = co_await raw_server.async_accept(td::use_nothrow);
+        REQUIRE(!aec);
+        auto first = co_await read_full_hello(sock);
+        CHECK(first.info.name == "client");
+        CHECK(first.info.rank == 2);
+        CHECK(first.auth == td::HelloAuth::hmac_sha256);
+        CHECK(first.info.transports.empty());
+        CHECK(first.info.channels.empty());
+        sock.close();
     });
 }
 
@@ -323,10 +384,7 @@ TEST_CASE("a version 1 peer is told which versions disagree", "[transport][auth]
         asio::ip::tcp::socket raw(ex);
         co_await raw.async_connect(acc.local_endpoint(), td::use_nothrow);
         std::optional<Error> server_error;
-        asio::co_spawn(ex, accept_auth(acc, test::hello("server", 0), keyed("k")),
-                 [&](std::exception_ptr, Result<std::shared_ptr<Connection>> r) {
-                     if (!r) server_error = r.error();
-                 });
+        spawn_keyed_accept(acc, "k", server_error);
         // A version 1 hello: the body has no authentication fields.
         WireWriter w;
         w.u32(kProtocolMagic).u16(1).u16(0).u32(0).str32("old").i32(1).u32(1).str32("tcp").u32(1).str32("basic");

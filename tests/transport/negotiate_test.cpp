@@ -103,7 +103,7 @@ TEST_CASE("the server's first viable transport wins, and per device pair its bes
     }
 }
 
-TEST_CASE("a hello (version 4 layout, version 6 protocol) carries the offers (channel params included) and the answer, and bounds their counts", "[transport][negotiation]") {
+TEST_CASE("a hello (version 4 layout, version 7 protocol) carries the offers (channel params included) and the answer, and bounds their counts", "[transport][negotiation]") {
     detail::Hello h;
     h.info = side("w", 3, {{"uds", kHost, "uds://a"}, {"uv", "uv", "tcp://1.2.3.4:5"}});
     h.info.channels.insert(h.info.channels.begin(), ChannelOffer{"cma", "cpu", "cma:host", std::string("\0\1params", 8)});
@@ -111,7 +111,7 @@ TEST_CASE("a hello (version 4 layout, version 6 protocol) carries the offers (ch
     const Bytes b = detail::encode_hello(h);
     auto p = detail::decode_hello_prefix(b);
     REQUIRE(p);
-    CHECK(p->version == 6);
+    CHECK(p->version == 7);
     auto d = detail::decode_hello_body(std::span(b).subspan(detail::kHelloPrefixSize), ConnectionLimits{});
     REQUIRE(d);
     REQUIRE(d->info.channels.size() == h.info.channels.size());

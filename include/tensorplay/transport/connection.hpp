@@ -26,11 +26,10 @@
 
 namespace tensorplay {
 
-/// Protocol constants: every connection starts with this magic and version (4: channel offers
-/// carry parameters and frames may leave tensor bytes to the cma channel; 3 negotiated transport
-/// and channels; 2 added authentication; other versions are refused by name).
+/// Protocol constants: every connection starts with this magic and version (docs/protocol.md,
+/// "Handshake": 7 reveals no offers before the key is proven; other versions are refused by name).
 inline constexpr std::uint32_t kProtocolMagic = 0x43505254;  // "TRPC" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 6;
+inline constexpr std::uint16_t kProtocolVersion = 7;
 
 /// Bytes that a group of connections (an agent's) may hold for frames still arriving: a payload
 /// as its bytes come in, a tensor once allocated; given back when the frame is handed over or
