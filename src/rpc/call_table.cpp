@@ -6,7 +6,7 @@
 namespace tensorplay::detail {
 
 CallTable::CallTable(Executor ex, TaskGroup& tasks)
-    : deadlines_(std::move(ex), tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {}
+    : slots_(&SlotRegistry::of(ex)), deadlines_(std::move(ex), tasks, [](DeadlineHook& h) { static_cast<PendingCall&>(h).signal(); }) {}
 
 void CallTable::remove(int rank, std::uint64_t id, PendingCall& pc) noexcept {
     // A reply or a failure took it out of the map already (and set its result); only a timeout,

@@ -67,6 +67,9 @@ public:
     CallTable(const CallTable&) = delete;
     CallTable& operator=(const CallTable&) = delete;
 
+    /// The registry of resume slots of the table's event loop, for its calls' PendingCalls (looked
+    /// up once: the lookup takes a mutex).
+    [[nodiscard]] SlotRegistry* slots() const noexcept { return slots_; }
     /// A new request id (unique for this worker).
     [[nodiscard]] std::uint64_t next_id() noexcept { return next_id_++; }
     /// Calls registered and not yet ended.
@@ -130,6 +133,7 @@ private:
     }
     [[nodiscard]] const PendingCalls* of(int rank) const noexcept { return const_cast<CallTable*>(this)->of(rank); }
 
+    SlotRegistry* slots_;
     std::uint64_t next_id_ = 1;
     /// By rank (grown by add, never shrunk): an element may move when another rank is added, so no
     /// reference to one is kept across a call that may add.

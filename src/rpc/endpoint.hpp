@@ -52,6 +52,11 @@ public:
                                       const std::string& tcp_address);
     /// What this worker offers, one address per transport, in priority order.
     [[nodiscard]] const std::vector<TransportOffer>& offers() const noexcept { return offers_; }
+    /// The channels this worker offers (its hello carries them beside offers()), in its priority
+    /// order; none until add_channel_offer().
+    [[nodiscard]] const std::vector<ChannelOffer>& channel_offers() const noexcept { return channel_offers_; }
+    /// Offers one more channel (once the owner has made its channels, before any peer connects).
+    void add_channel_offer(ChannelOffer offer) { channel_offers_.push_back(std::move(offer)); }
     /// The transports listened on, in the same order.
     [[nodiscard]] const std::vector<std::shared_ptr<const Transport>>& transports() const noexcept { return transports_; }
     /// The TCP listener's host and port (empty, 0 without one).
@@ -91,6 +96,7 @@ private:
     std::vector<std::unique_ptr<Listener>> listeners_;
     std::vector<std::shared_ptr<const Transport>> transports_;
     std::vector<TransportOffer> offers_;
+    std::vector<ChannelOffer> channel_offers_;
     std::string host_;
     std::uint16_t port_ = 0;
     Secret key_;

@@ -1,5 +1,5 @@
 // Private: a dynamic member's view of its group (issue 35): the members, the removal checks that
-// run, whether this worker leaves or was evicted, and the rules over them that need no agent (the
+// run, whether this worker leaves or was evicted, its devices in the group, and the rules over them that need no agent (the
 // successor it watches, the updates of a leave and of a removal, the liveness timings).
 #pragma once
 
@@ -12,13 +12,14 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tensorplay::detail {
 
 /// The dynamic group as one member sees it. Strand-bound to the agent's executor. The agent's
 /// coroutines that talk to the store and to the other members (native_agent_membership.cpp,
-/// native_agent_liveness.cpp) go through it; a static member's stays empty.
+/// native_agent_liveness.cpp) go through it; a static member's holds only its devices.
 class Membership {
 public:
     Membership() = default;
@@ -76,6 +77,10 @@ public:
     [[nodiscard]] const std::optional<Error>& evicted() const noexcept { return evicted_; }
     /// Records that this worker was evicted, for `why`; false (nothing changes) when it was already.
     [[nodiscard]] bool evict(const Error& why);
+    /// This worker's devices in the group: as the device-map exchange (a static group's member,
+    /// once at start) or the last update (a dynamic one's) computed them.
+    [[nodiscard]] const std::vector<Device>& devices() const noexcept { return devices_; }
+    void set_devices(std::vector<Device> devices) { devices_ = std::move(devices); }
 
     // ---- liveness timings ----
     /// How often a member beats: ten times per member timeout, between 10 ms and 1 s.
@@ -92,6 +97,7 @@ private:
     Flag checks_idle_;         // set when the last check ends
     bool leaving_ = false;
     std::optional<Error> evicted_;
+    std::vector<Device> devices_;
 };
 
 }  // namespace tensorplay::detail

@@ -80,67 +80,86 @@ struct NativeAgentTuning {
 /// The limits of the agent's inbound connections: `tuning.limits` with its reply bounds.
 [[nodiscard]] ConnectionLimits inbound_limits(const NativeAgentTuning& tuning);
 
-struct AgentCore;
-
-/// The agent's state. Strand-bound to `ex` (everything but the handler map, which has a mutex).
-/// Every coroutine the agent starts in the background is a member of `tasks` (and holds a
-/// shared_ptr to it, so it outlives them): close_local cancels them, shutdown waits for them.
-/// Every member is made by the constructor's list, in the order declared (a member's constructor
-/// uses only those above it; callbacks it keeps run later): the task group first, then the
-/// configuration, the group's state and its parts.
-struct AgentCore : std::enable_shared_from_this<AgentCore> {
-    enum class State { starting, running, draining, closed };
-
-    AgentCore(Executor ex, BackendInitArgs args, NativeAgentTuning tuning);
-    ~AgentCore();
-
-    Executor ex;
-    /// The accept loops, inbound handshakes, the deadline sweep and the serving workers. Made
-    /// first: the parts made after it (calls, endpoint) spawn into it. Destroyed first too:
-    /// ~AgentCore resets it before any member goes, so that the tasks it cancels then still find
-    /// what they wait on (when the event loop is destroyed with the agent, its tasks' frames go in
-    /// any order, and the last reference to the agent may go with any of them). Always engaged
-    /// until then.
-    std::optional<TaskGroup> tasks;
+/// What an agent is made with, fixed for its life: whom it serves as, in which group, with which
+/// options and bounds.
+struct AgentConfig {
+    Executor ex;  ///< the agent's strand
     std::shared_ptr<Store> store;
-    std::shared_ptr<RpcBackendOptions> options;
-    const TensorPipeRpcBackendOptions* tp_options = nullptr;
-    NativeAgentTuning tuning;
+    std::shared_ptr<RpcBackendOptions> options;                ///< never null (the defaults when none were given)
+    const TensorPipeRpcBackendOptions* tp_options = nullptr;  ///< `options` as TensorPipe's, or null
+    NativeAgentTuning tuning;                                  ///< with its receive budget (limits.budget)
     WorkerInfo self;
     int world_size = 0;  ///< <= 0: a dynamic group's member (DYNAMIC_WORLD_SIZE)
-    State state = State::starting;
-    /// A dynamic member's view of its group: the members, removal checks, leaving, eviction
-    /// (group_membership.hpp; native_agent_membership.cpp and native_agent_liveness.cpp drive it).
-    Membership membership;
-    /// This worker's devices: as the device-map exchange (static) or the last membership update
-    /// (dynamic) computed them.
-    std::vector<Device> devices;
-    /// Set (once) by close_local: lets ~NativeAgent, on any thread, skip posting to an event loop
-    /// that may be gone when the agent was already closed.
-    std::atomic<bool> closed{false};
 
-    /// The group's members, this worker included (its own link is unused); empty until start()
-    /// has read every worker's address.
-    PeerTable peers;
-    bool roster_read = false;  ///< `peers` holds the whole group
+    [[nodiscard]] bool dynamic() const noexcept { return world_size <= 0; }
+    /// The bound of the waits of a start, a join, a leave and a removal (tuning.init_timeout, else
+    /// the store's timeout).
+    [[nodiscard]] Duration store_wait_limit() const;
+    /// The member timeout of a dynamic group (tuning, else the options').
+    [[nodiscard]] Duration member_timeout() const;
+};
 
-    /// Set once `peers` holds the group (or the agent closes): inbound peers are admitted against
-    /// it, so the accept loops wait for it (early connections wait in the listen backlog).
-    Flag roster_known;
-    /// Listeners and offers, the group's key, and inbound connections (endpoint.hpp).
-    Endpoint endpoint;
+/// Where an agent is in its life. Strand-bound, except closed_anywhere(), which any thread may ask.
+class AgentLifecycle {
+public:
+    enum class State { starting, running, draining, closed };
 
-    HandlerRegistry handlers;
-    /// Serving workers parked between requests (woken to exit by close_local) and the blocking
-    /// handlers' threads (serving_pool.hpp).
-    ServingPool serving;
+    [[nodiscard]] State state() const noexcept { return state_; }
+    /// Enters `s`; closed is the last state (set once, by the agent's close_local).
+    void enter(State s) noexcept {
+        state_ = s;
+        if (s == State::closed) closed_.store(true, std::memory_order_release);
+    }
+    /// Whether the agent is closed, from any thread: lets ~NativeAgent skip posting to an event
+    /// loop that may be gone when the agent was already closed.
+    [[nodiscard]] bool closed_anywhere() const noexcept { return closed_.load(std::memory_order_acquire); }
+    /// Numbers a graceful shutdown that begins (1, 2, ...): a static group's shutdown barriers are
+    /// named by it.
+    [[nodiscard]] int next_shutdown_round() noexcept { return ++shutdown_rounds_; }
 
-    /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
-    /// graceful shutdown waits to reach zero.
-    CallTable calls;
-    AgentMetrics metrics;                         // get_debug_info's counters
-    /// Device tensors' staging, outboxes and landing (made by listen()).
-    std::unique_ptr<DeviceChannels> device_channels;
+private:
+    State state_ = State::starting;
+    std::atomic<bool> closed_{false};
+    int shutdown_rounds_ = 0;
+};
+
+namespace {
+/// Defined in native_agent_calls.cpp, AgentCore's one friend (declared in every file that
+/// includes this one, defined by that one alone: see the friend declaration).
+class ConnectionReader;
+}  // namespace
+
+/// The agent: its state and the coroutines that drive it (native_agent_{init,calls,serve,connect,
+/// membership,liveness}.cpp). Strand-bound to its executor (everything but the handler registry,
+/// which has a mutex, and what says otherwise). Every coroutine the agent starts in the background
+/// is a member of its task group (and holds a shared_ptr to the agent, so the agent outlives it):
+/// close_local cancels them, shutdown waits for them. Its parts are made by the constructor's
+/// list in the order declared (a part's constructor uses only those above it; callbacks it keeps
+/// run later): the task group first, then the configuration, the lifecycle, the group's view, and
+/// the parts that reach and serve the group.
+class AgentCore : public std::enable_shared_from_this<AgentCore> {
+public:
+    /// An agent on `ex` (a strand), not started: start() listens and meets the group.
+    AgentCore(Executor ex, BackendInitArgs args, NativeAgentTuning tuning);
+    ~AgentCore();
+    AgentCore(const AgentCore&) = delete;
+    AgentCore& operator=(const AgentCore&) = delete;
+
+    // ---- what the NativeAgent facade needs ----
+    /// What the agent was made with (any thread: it never changes).
+    [[nodiscard]] const AgentConfig& config() const noexcept { return config_; }
+    /// Whether close_local has run (any thread).
+    [[nodiscard]] bool closed_anywhere() const noexcept { return life_.closed_anywhere(); }
+    /// The group's members, this worker included (infos() and find() from any thread).
+    [[nodiscard]] const PeerTable& peers() const noexcept { return peers_; }
+    /// The handlers (thread-safe).
+    [[nodiscard]] HandlerRegistry& handlers() noexcept { return handlers_; }
+    /// Listeners and offers (on the agent's executor).
+    [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    /// Background coroutines still running (on the agent's executor).
+    [[nodiscard]] std::size_t background_tasks() const { return tasks_->running(); }
+    /// What the device channels sent and received (on the agent's executor; none without them).
+    [[nodiscard]] DeviceChannels::Stats device_stats() const;
 
     // ---- native_agent_init.cpp ----
     [[nodiscard]] Task<Result<void>> start();
@@ -150,6 +169,24 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// Closes everything local: pending calls end with `reason`, connections and the listener
     /// close, background tasks are cancelled (and no new one starts).
     void close_local(const Error& reason);
+
+    // ---- native_agent_membership.cpp ----
+    /// Waits until the peer table lists exactly `names` (in any order), at most `limit`; false
+    /// then. Woken by each membership change.
+    [[nodiscard]] Task<bool> until_members(std::vector<std::string> names, Duration limit);
+
+    // ---- native_agent_calls.cpp ----
+    /// A call (`prepared`: call_device's tensors, which live in its frame meanwhile).
+    [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec,
+                                             PreparedTensors* prepared = nullptr);
+
+private:
+    using State = AgentLifecycle::State;
+
+    // ---- native_agent_init.cpp ----
+    /// Accepts on the endpoint's listener `i` once the roster is read (inbound peers are admitted
+    /// against it), until the agent closes.
+    [[nodiscard]] static Task<void> accept_when_ready(std::shared_ptr<AgentCore> core, std::size_t i);
     /// After close_local: waits until every background task has ended, at most `limit`; false
     /// (logged, naming how many still run) when some did not end in time (a handler that ignores
     /// cancellation, a blocking handler still running).
@@ -161,15 +198,24 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     [[nodiscard]] Result<void> listen();
     /// Handlers, key, listeners and accept loops: what start() opens before it meets the group.
     [[nodiscard]] Result<void> open_endpoint();
-    [[nodiscard]] bool dynamic() const noexcept { return world_size <= 0; }
+    /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
+    [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
 
     // ---- native_agent_membership.cpp (dynamic groups: join, leave, updates) ----
     /// Adds the built-in membership handlers (a static member's answer that it refuses them).
     [[nodiscard]] Result<void> add_membership_handlers();
+    /// The built-in handlers' bodies: this worker's device infos; a membership update (checked,
+    /// then applied); a static member's refusal.
+    [[nodiscard]] static Task<Result<Message>> answer_device_infos(std::shared_ptr<AgentCore> core);
+    [[nodiscard]] static Task<Result<Message>> answer_membership(std::shared_ptr<AgentCore> core, WorkerInfo caller, Message m);
+    [[nodiscard]] static Task<Result<Message>> refuse_membership(std::shared_ptr<AgentCore> core, WorkerInfo caller);
     /// A dynamic member's start: claims its rank, takes the group token, learns the members,
     /// gathers their device infos, checks them with the seed's dynamic rules, updates everyone
     /// (itself included) and gives the token back.
     [[nodiscard]] Task<Result<void>> start_dynamic();
+    /// What start_dynamic does while it holds the token. `unreached`: members that did not take
+    /// the update (checked for death once the token is back).
+    [[nodiscard]] Task<Result<void>> join_under_token(Clock::time_point deadline, std::vector<int>& unreached);
     /// A dynamic member's graceful leave: takes the token, finishes its calls, tells everyone,
     /// gives the token back. Before close_local.
     [[nodiscard]] Task<Result<void>> leave_dynamic(Clock::time_point deadline);
@@ -180,8 +226,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A dynamic group's gate on requests: a peer that is not a member (a joiner, a removed member)
     /// may call only what joining needs; the error to answer it with otherwise (logged once a name).
     [[nodiscard]] std::optional<Error> refuse_caller(const HelloInfo& peer, std::string_view handler);
-    /// Makes the peer table, maps, device list and `membership` those of `update`'s members (seed
-    /// rules), then wakes membership.changed()'s waiters.
+    /// Makes the peer table, maps, device list and `membership_` those of `update`'s members (seed
+    /// rules), then wakes membership_.changed()'s waiters.
     [[nodiscard]] Result<void> apply_membership(const MembershipUpdate& update);
     /// Adds a member to the peer table (and its counters), listening at `addresses`.
     [[nodiscard]] Result<void> add_member(const WorkerInfo& info, std::vector<TransportOffer> addresses);
@@ -193,22 +239,30 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// The same call to every worker of `to` at once; their results in that order.
     [[nodiscard]] Task<std::vector<Result<Message>>> call_each(std::vector<std::string> to, const char* handler, Bytes payload,
                                                              Clock::time_point deadline);
+    /// call_each's calls: their results, and how many have yet to end.
+    struct Fanout;
+    /// One of call_each's calls, its result going to `f->results[i]`.
+    [[nodiscard]] static Task<void> fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i,
+                                               std::string to, const char* handler, Bytes payload, Clock::time_point deadline);
     /// The group's members as the store lists them (empty before the first join).
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
     /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
     [[nodiscard]] Task<void> forget_member(int rank);
-    /// The bound of every wait of a join, a leave or a removal.
-    [[nodiscard]] Duration membership_wait_limit() const;
 
     // ---- native_agent_liveness.cpp (dynamic groups: heartbeats, dead members) ----
-    /// The member timeout (tuning, else the options').
-    [[nodiscard]] Duration member_timeout() const;
     /// Starts the heartbeat of this member and the watch of its successor by rank.
     void start_liveness();
+    /// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
+    [[nodiscard]] static Task<void> liveness_loop(std::shared_ptr<AgentCore> core);
     /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): it is
     /// probed and, when it does not answer, removed from the group under the token. One check per
-    /// member at a time (membership.begin_check).
+    /// member at a time (membership_.begin_check).
     void suspect(int rank, std::string why);
+    /// The removal of the member of `rank` (named `name`) if it does not answer: under the token,
+    /// every other member is sent the group without it, the store's list is updated, its entries go.
+    [[nodiscard]] static Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why);
+    /// Whether member `name` answers a call of a built-in handler within `limit`.
+    [[nodiscard]] Task<bool> answers(std::string name, Duration limit);
     /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
     /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
     void evict(Error why);
@@ -219,13 +273,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// true when it did. Asked under the group token before this worker changes the group.
     bool evicted_by(const std::optional<std::string>& holder);
 
-    /// A store barrier over the group; `watch_peers`: fail early naming a worker that is unreachable.
-    [[nodiscard]] Task<Result<void>> barrier(std::string name, Duration timeout, bool watch_peers);
-
-    // ---- native_agent_calls.cpp (calls) and native_agent_serve.cpp (serving, handlers) ----
-    /// A call (`prepared`: call_device's tensors, which live in its frame meanwhile).
-    [[nodiscard]] Task<Result<Message>> call(std::string to, std::string handler, Message message, double timeout_sec,
-                                             PreparedTensors* prepared = nullptr);
+    // ---- native_agent_calls.cpp (calls) ----
+    /// Receives on one of the agent's connections (native_agent_calls.cpp): part of the agent, it
+    /// hands requests to serving workers and replies to their calls. A friend in an unnamed
+    /// namespace rather than a nested class: with internal linkage, GCC 12 inlines the reply's
+    /// path (the call table's take, the call's resumption) into its frame handler, which it
+    /// leaves out of line for a nested class.
+    friend ConnectionReader;
     /// The rank of `to` when a call can take the common path (agent running, another worker,
     /// connection open), else -1.
     [[nodiscard]] int ready_rank(const std::string& to);
@@ -240,7 +294,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     /// A call whose message has device tensors: they are prepared by the device channels (which
     /// may wait for copies to host memory), then the call goes on as call() with them.
     [[nodiscard]] Task<Result<Message>> call_device(std::string to, std::string handler, Message message, double timeout_sec);
-    /// Lands a received frame's device tensors (device_channels->land; `refs`: those by cuda_ipc) into `streams`: now, or
+    /// Lands a received frame's device tensors (device_channels_->land; `refs`: those by cuda_ipc) into `streams`: now, or
     /// later (the frame was taken, and goes to `later` once its tensors are queued), or failed
     /// (the error is in frame.alloc_error; a protocol error closes `conn`).
     enum class Landing { now, later, failed };
@@ -255,29 +309,75 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                                std::vector<Device>& targets) const;
     /// A call that ended without a reply: timed out (`wait_ec` clear) or cancelled.
     [[nodiscard]] Error call_error(const std::string& to, const std::string& handler, double secs, std::error_code wait_ec) const;
-    [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
-    [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
-    /// Starts a found handler: the user's coroutine, or the blocking handler on the pool.
-    [[nodiscard]] Task<Result<Message>> start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message);
-    /// Ends a call of `entry` (entered with handlers.enter) and turns a handler's failure (in `r`)
-    /// into remote_error.
-    void finish_handler(HandlerEntry& entry, Result<Message>& r);
     [[nodiscard]] Result<Tensor> allocate(const TensorDesc& desc) const;
     void adopt_connection(std::shared_ptr<Connection> conn, int rank);
+
+    // ---- native_agent_connect.cpp ----
+    [[nodiscard]] Task<Result<std::shared_ptr<Connection>>> ensure_connected(int rank, Duration timeout);
+
+    // ---- native_agent_serve.cpp (serving, handlers) ----
     /// Serves request `id` for handler `name` on a parked worker (resumed in place) or a new one;
     /// `error`: it could not be received whole (answered with that error).
     void serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name, Message&& message,
                        Error* error);
-    /// Parks `w` in `serving` for the next request unless the agent is closing, enough are parked
+    /// Serves requests: the one it was started with, then whichever the reader hands it while
+    /// parked. The handler runs in this coroutine's frame (one more coroutine per request would
+    /// cost a frame and its resumption).
+    [[nodiscard]] static Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn,
+                                                 ServeRequest first);
+    /// Parks `w` in `serving_` for the next request unless the agent is closing, enough are parked
     /// already, or `w` holds the last reference to the agent. Drops `w`'s reference when it parks.
     [[nodiscard]] bool park(ServeWorker& w);
+    [[nodiscard]] Task<Result<Message>> run_handler(WorkerInfo caller, std::string name, Message message);
+    /// Starts a found handler: the user's coroutine, or the blocking handler on the pool.
+    [[nodiscard]] Task<Result<Message>> start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message);
+    /// Ends a call of `entry` (entered with handlers_.enter) and turns a handler's failure (in `r`)
+    /// into remote_error.
+    void finish_handler(HandlerEntry& entry, Result<Message>& r);
+    /// Reply tensors go back through the reverse of the caller's map; fills `targets`.
+    [[nodiscard]] Result<void> route_reply_tensors(const HelloInfo& caller, const std::vector<Tensor>& tensors,
+                                                   std::vector<Device>& targets) const;
+    /// Sends the reply to the worker's request: `r`'s message, or its error; with `prepared`, the
+    /// device channels' tensors (for which `targets` was filled).
+    void send_reply(Connection& conn, std::uint64_t id, Result<Message>& r, PreparedTensors* prepared = nullptr,
+                    std::vector<Device> targets = {});
+    /// A reply with device tensors: ordered after the handler's streams (for a device it names
+    /// none on, its request's), routed back through the reverse map, staged or put in the
+    /// outbox, sent.
+    [[nodiscard]] static Task<void> send_device_reply(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn,
+                                                      std::uint64_t id, Result<Message> r,
+                                                      std::vector<tensorplay::Stream> request_streams);
 
-private:
-    // (Used by the member functions only.)
-    SlotRegistry* slots_;                      // this event loop's, for the calls' slots (looking it up takes a mutex)
-    int last_called_ = -1;                     // the rank ready_rank found last (never our own)
-    std::vector<ChannelOffer> channel_offers_;  // the channels this worker offers (hello); made by listen()
-    int shutdown_round_ = 0;                   // a static group's graceful shutdowns so far (their barriers' names)
+    /// The accept loops, inbound handshakes, the deadline sweep, the serving workers and the
+    /// dynamic group's coroutines. Made first: the parts made after it (calls_, endpoint_) spawn
+    /// into it. Destroyed first too: ~AgentCore resets it before any member goes, so that the
+    /// tasks it cancels then still find what they wait on (when the event loop is destroyed with
+    /// the agent, its tasks' frames go in any order, and the last reference to the agent may go
+    /// with any of them). Always engaged until then.
+    std::optional<TaskGroup> tasks_;
+    const AgentConfig config_;
+    /// starting, running, draining, closed (and closed as any thread sees it).
+    AgentLifecycle life_;
+    /// This worker's view of its group: its devices; a dynamic member's members, removal checks,
+    /// leaving, eviction (group_membership.hpp).
+    Membership membership_;
+    /// The group's members, this worker included (its own link is unused), and whether they are
+    /// all known yet: empty until start() has read every worker's address (the accept loops wait
+    /// until then; early connections wait in the listen backlog).
+    PeerTable peers_;
+    /// Listeners, transport and channel offers, the group's key, and inbound connections (endpoint.hpp).
+    Endpoint endpoint_;
+    HandlerRegistry handlers_;
+    /// Serving workers parked between requests (woken to exit by close_local) and the blocking
+    /// handlers' threads (serving_pool.hpp).
+    ServingPool serving_;
+    /// The calls this worker waits on: ids, pending calls, deadlines (one timer), the count that a
+    /// graceful shutdown waits to reach zero.
+    CallTable calls_;
+    AgentMetrics metrics_;  // get_debug_info's counters
+    /// Device tensors' staging, outboxes and landing (made by listen()).
+    std::unique_ptr<DeviceChannels> device_channels_;
+    int last_called_ = -1;  // the rank ready_rank found last (never our own)
 };
 
 /// CUDA devices this process's device backend has (0 without one).
@@ -334,10 +434,6 @@ private:
 /// not cover (`targets` then incomplete), or -1 when all are placed.
 [[nodiscard]] std::ptrdiff_t map_tensor_targets(const DeviceMap* map, const std::vector<Tensor>& tensors,
                                                 std::vector<Device>& targets);
-
-/// Accepts on the endpoint's listener `i` once the roster is read (inbound peers are admitted
-/// against it), until the agent closes.
-[[nodiscard]] Task<void> accept_when_ready(std::shared_ptr<AgentCore> core, std::size_t i);
 
 /// Logs an exception that escaped a spawned coroutine (a co_spawn completion handler).
 void log_task_error(std::exception_ptr e);

@@ -67,7 +67,8 @@ std::string seconds_str(double s) {
 /// Receives on one of the agent's connections (outgoing: `rank` >= 0, replies to our calls and
 /// requests; inbound: requests only): requests go to serving workers, replies resume their calls.
 /// Runs inside the connection's reads (Connection::dispatch_to): a reply resumes its caller in
-/// place, and a request its serving worker.
+/// place, and a request its serving worker. A part of the agent (its friend: it reads the agent's
+/// calls and parts directly, on the hot path).
 class ConnectionReader final : public FrameSink, public std::enable_shared_from_this<ConnectionReader> {
 public:
     ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::shared_ptr<PeerLink> peer)
@@ -118,33 +119,33 @@ public:
     }
 
     /// A connection to a worker waits for replies while calls on it are pending.
-    [[nodiscard]] bool awaiting_input() const override { return peer_ && core_->calls.in_flight(peer_->info.id) != 0; }
+    [[nodiscard]] bool awaiting_input() const override { return peer_ && core_->calls_.in_flight(peer_->info.id) != 0; }
     /// Every request is answered (serve_request), by a reply or an error.
     [[nodiscard]] bool answers_requests() const override { return true; }
 
     void on_closed(const Error& why) override {
         AgentCore& core = *core_;
-        if (core.device_channels) core.device_channels->forget(conn_.get());
-        if (!peer_) core.endpoint.inbound_closed();
+        if (core.device_channels_) core.device_channels_->forget(conn_.get());
+        if (!peer_) core.endpoint_.inbound_closed();
         if (peer_) {
             PeerLink& peer = *peer_;
             if (peer.conn == conn_) peer.conn.reset();
-            Errc code = core.state == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
+            Errc code = core.life_.state() == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
             if (code == Errc::connection_lost)
-                log(LogLevel::info, "rpc", "worker \"" + core.self.name + "\" lost its connection to worker \"" +
+                log(LogLevel::info, "rpc", "worker \"" + core.config_.self.name + "\" lost its connection to worker \"" +
                                                peer.info.name + "\": " + why.message());
-            core.calls.fail(peer.info.id, conn_.get(),
+            core.calls_.fail(peer.info.id, conn_.get(),
                               Error(code, "connection to worker \"" + peer.info.name + "\" lost: " + why.message(), peer.info.name));
             // A dynamic member that may have died: checked, and removed when it does not answer.
-            if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers.at(peer.info.id) == &peer)
+            if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers_.at(peer.info.id) == &peer)
                 core.suspect(peer.info.id, "its connection was lost (" + why.message() + ")");
-        } else if (core.state != AgentCore::State::closed && why.code() == Errc::connection_lost) {
-            const PeerLink* member = core.peers.at(conn_->peer().rank);
+        } else if (core.life_.state() != AgentCore::State::closed && why.code() == Errc::connection_lost) {
+            const PeerLink* member = core.peers_.at(conn_->peer().rank);
             if (member && member->info.name == conn_->peer().name)
                 core.suspect(member->info.id, "its connection was lost (" + why.message() + ")");
         }
         // (shutdown: closed on purpose, e.g. the peer left a dynamic group)
-        if (core.state != AgentCore::State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)
+        if (core.life_.state() != AgentCore::State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)
             log(LogLevel::warn, "rpc", "closing the connection with " + conn_->describe() + ": " + why.to_string());
         conn_->close();
     }
@@ -159,7 +160,7 @@ private:
             return;
         }
         PeerLink& peer = *peer_;
-        PendingCall* pc = core_->calls.take(peer.info.id, id);
+        PendingCall* pc = core_->calls_.take(peer.info.id, id);
         if (!pc) {
             log(LogLevel::debug, "rpc", "dropping a late reply " + std::to_string(id) + " from worker \"" + peer.info.name + "\"");
             return;
@@ -181,13 +182,13 @@ private:
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
-    if (device_channels)  // (large staged cuda tensors land chunk by chunk as they are read)
-        set_sink_allocator(*conn, [this, c = conn.get()](const TensorDesc& d) { return device_channels->sink(c, d); });
-    auto link = peers.link(rank);
+    if (device_channels_)  // (large staged cuda tensors land chunk by chunk as they are read)
+        set_sink_allocator(*conn, [this, c = conn.get()](const TensorDesc& d) { return device_channels_->sink(c, d); });
+    auto link = peers_.link(rank);
     if (link) {
         link->conn = conn;
     } else {
-        endpoint.track(conn);  // (made with the reply bounds: inbound_limits)
+        endpoint_.track(conn);  // (made with the reply bounds: inbound_limits)
     }
     auto* c = conn.get();
     dispatch_to(*c, std::make_shared<ConnectionReader>(shared_from_this(), std::move(conn), std::move(link)));
@@ -200,30 +201,30 @@ Result<Tensor> AgentCore::allocate(const TensorDesc& desc) const {
         // whole (land_device_tensors).
         auto backend = backend_for(desc.target);
         if (!backend)
-            return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+            return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + config_.self.name +
                                                       "\": " + backend.error().message(),
-                              self.name));
+                              config_.self.name));
         if (!(*backend)->host_accessible()) {
             if (desc.target.index >= (*backend)->device_count())
-                return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+                return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + config_.self.name +
                                                           "\": it has " + std::to_string((*backend)->device_count()) + " cuda device(s)",
-                                  self.name));
+                                  config_.self.name));
             auto staging = (*backend)->allocate_host(desc.nbytes, desc.target);
             if (!staging) return fail(Error(Errc::device_error, "cannot stage a tensor for " + desc.target.str() + " on worker \"" +
-                                                                    self.name + "\": " + staging.error().message(),
-                                            self.name));
+                                                                    config_.self.name + "\": " + staging.error().message(),
+                                            config_.self.name));
             return Tensor::wrap(std::move(*staging), desc.dtype, desc.shape);
         }
     }
     auto t = empty(desc.target, desc.dtype, desc.shape);
-    if (!t) return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + self.name +
+    if (!t) return fail(Error(Errc::device_error, "cannot place a tensor on " + desc.target.str() + " on worker \"" + config_.self.name +
                                                       "\": " + t.error().message(),
-                              self.name));
+                              config_.self.name));
     return t;
 }
 
 void AgentCore::control_frame(const std::shared_ptr<Connection>& conn, std::string_view name, std::span<const std::uint8_t> payload) {
-    Result<void> r = device_channels ? device_channels->notice(conn, name, payload)
+    Result<void> r = device_channels_ ? device_channels_->notice(conn, name, payload)
                                      : fail(Errc::protocol_error, "control frame \"" + std::string(name) +
                                                                       "\" for a device channel this worker does not have");
     if (!r) conn->close(std::move(r).error().context("a control frame from worker \"" + conn->peer().name + "\""));
@@ -231,8 +232,8 @@ void AgentCore::control_frame(const std::shared_ptr<Connection>& conn, std::stri
 
 AgentCore::Landing AgentCore::land_device_tensors(const std::shared_ptr<Connection>& conn, Frame& frame, const DeviceRefs& refs,
                                                   std::vector<tensorplay::Stream>& streams, DeviceChannels::Deliver later) {
-    if (!device_channels) return Landing::now;
-    auto r = device_channels->land(conn, frame, refs, streams, std::move(later));
+    if (!device_channels_) return Landing::now;
+    auto r = device_channels_->land(conn, frame, refs, streams, std::move(later));
     if (r) return *r == DeviceChannels::Landed::later ? Landing::later : Landing::now;
     Error e = std::move(r).error().context("receiving tensors from worker \"" + conn->peer().name + "\"");
     if (e.code() == Errc::protocol_error) {
@@ -253,23 +254,23 @@ Duration timeout_duration(double secs) {
 }  // namespace
 
 int AgentCore::ready_rank(const std::string& to) {
-    if ((state != State::running && state != State::starting) || membership.evicted()) return -1;  // (check_call says why)
-    const PeerLink* peer = peers.at(last_called_);
+    if ((life_.state() != State::running && life_.state() != State::starting) || membership_.evicted()) return -1;  // (check_call says why)
+    const PeerLink* peer = peers_.at(last_called_);
     if (!peer || peer->info.name != to) {  // (a caller usually calls one worker many times)
-        const int rank = peers.rank_of(to);
-        if (rank < 0 || rank == self.id) return -1;
+        const int rank = peers_.rank_of(to);
+        if (rank < 0 || rank == config_.self.id) return -1;
         last_called_ = rank;
-        peer = peers.at(rank);
+        peer = peers_.at(rank);
     }
     return peer->conn && peer->conn->is_open() ? last_called_ : -1;
 }
 
 Result<int> AgentCore::check_call(const std::string& to) const {
-    if (state == State::closed || state == State::draining)
-        return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + self.name + "\" is shut down");
-    if (const auto& evicted = membership.evicted()) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
-    const int rank = peers.rank_of(to);
-    if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers.names() + ")");
+    if (life_.state() == State::closed || life_.state() == State::draining)
+        return fail(Errc::shutdown, "rpc to worker \"" + to + "\": the agent of worker \"" + config_.self.name + "\" is shut down");
+    if (const auto& evicted = membership_.evicted()) return fail(Error(*evicted).context("rpc to worker \"" + to + "\""));
+    const int rank = peers_.rank_of(to);
+    if (rank < 0) return fail(Errc::invalid_argument, "unknown worker \"" + to + "\" (the group has: " + peers_.names() + ")");
     return rank;
 }
 
@@ -295,7 +296,7 @@ Result<void> AgentCore::request_targets(const PeerLink& peer, const std::vector<
         const Tensor& t = tensors[static_cast<std::size_t>(i)];
         if (!t.defined()) return fail(Errc::invalid_argument, "tensor " + std::to_string(i) + " of the message is undefined");
         return fail(Errc::device_error, "rpc to worker \"" + peer.info.name + "\": tensor " + std::to_string(i) + " is on " +
-                                            t.device().str() + ", which has no device map from worker \"" + self.name +
+                                            t.device().str() + ", which has no device map from worker \"" + config_.self.name +
                                             "\" to worker \"" + peer.info.name + "\" (add one with set_device_map)");
     }
     return ok();
@@ -310,22 +311,22 @@ Error AgentCore::call_error(const std::string& to, const std::string& handler, d
 
 Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, Message message, double timeout_sec) {
     auto keep = shared_from_this();
-    if (auto current = co_await asio::this_coro::executor; current != ex) {
+    if (auto current = co_await asio::this_coro::executor; current != config_.ex) {
         // Called from another executor: run on the agent's, as a child coroutine there.
         try {
             auto t = call(std::move(to), std::move(handler), std::move(message), timeout_sec);
-            co_return co_await asio::co_spawn(ex, std::move(t), asio::use_awaitable);
+            co_return co_await asio::co_spawn(config_.ex, std::move(t), asio::use_awaitable);
         } catch (...) {
             co_return fail(error_from_current_exception("agent"));
         }
     }
     auto rank = check_call(to);
     if (!rank) co_return fail(std::move(rank).error());
-    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
-    if (*rank == self.id) {  // to self: no socket, but the same handler path
-        calls.add_local();
-        auto r = co_await with_timeout(run_handler(self, std::move(handler), std::move(message)), timeout_duration(secs));
-        calls.finished();
+    const double secs = timeout_sec < 0 ? config_.options->rpc_timeout : timeout_sec;
+    if (*rank == config_.self.id) {  // to self: no socket, but the same handler path
+        calls_.add_local();
+        auto r = co_await with_timeout(run_handler(config_.self, std::move(handler), std::move(message)), timeout_duration(secs));
+        calls_.finished();
         if (!r && r.error().code() == Errc::timeout)
             co_return fail(Error(Errc::timeout, "rpc to worker \"" + to + "\" timed out after " + seconds_str(secs)));
         co_return r;
@@ -350,26 +351,26 @@ Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, 
 Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec,
                                       PreparedTensors* prepared) {
     auto current = co_await asio::this_coro::executor;
-    const int rank = current == ex ? ready_rank(to) : -1;
+    const int rank = current == config_.ex ? ready_rank(to) : -1;
     if (rank < 0) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
     if (!prepared && has_device_tensors(message.tensors))
         co_return co_await call_device(std::move(to), std::move(handler), std::move(message), timeout_sec);
     auto keep = shared_from_this();
-    const auto link = peers.link(rank);  // (held while the call awaits: the member may leave meanwhile)
+    const auto link = peers_.link(rank);  // (held while the call awaits: the member may leave meanwhile)
     PeerLink& peer = *link;
-    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    const double secs = timeout_sec < 0 ? config_.options->rpc_timeout : timeout_sec;
     const Duration d = timeout_duration(secs);
     const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
-    const std::uint64_t id = calls.next_id();
-    PendingCallHandle pc(calls, rank, id, slots_);
+    const std::uint64_t id = calls_.next_id();
+    PendingCallHandle pc(calls_, rank, id, calls_.slots());
     const auto out_bytes = message_bytes(message);
     const auto sent_at = Clock::now();
     if (auto sent = send_request(peer, id, handler, message, prepared); !sent) {
         pc->result = fail(std::move(sent).error());
-        metrics.call_ended(rank, sent_at, *pc->result);
+        metrics_.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);
     }
-    metrics.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
+    metrics_.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
     pc->conn = peer.conn.get();
     pc.add(deadline);
     std::error_code ec;
@@ -378,12 +379,12 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
         ec = pc->done.error();
     }
     if (pc->result) {
-        metrics.call_ended(rank, sent_at, *pc->result);
+        metrics_.call_ended(rank, sent_at, *pc->result);
         co_return std::move(*pc->result);
     }
     // (pc->result stays unset: the handle then unlinks the call, whose late reply is dropped.)
     auto err = call_error(to, handler, secs, ec);
-    metrics.call_failed(rank, err.code());
+    metrics_.call_failed(rank, err.code());
     co_return fail(std::move(err));
 }
 
@@ -392,20 +393,20 @@ Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Messa
 Task<Result<Message>> AgentCore::call_device(std::string to, std::string handler, Message message, double timeout_sec) {
     auto keep = shared_from_this();
     const int rank = ready_rank(to);
-    const PeerLink* peer = rank >= 0 ? peers.at(rank) : nullptr;
+    const PeerLink* peer = rank >= 0 ? peers_.at(rank) : nullptr;
     if (!peer || !peer->conn) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
     std::vector<Device> targets;
     if (auto routed = request_targets(*peer, message.tensors, targets); !routed) co_return fail(std::move(routed).error());
-    const double secs = timeout_sec < 0 ? options->rpc_timeout : timeout_sec;
+    const double secs = timeout_sec < 0 ? config_.options->rpc_timeout : timeout_sec;
     const auto started = Clock::now();
     auto conn = peer->conn;
     // (Bounded by the call's timeout: the producer's work may not end for a long time.)
-    auto t = with_timeout(device_channels->prepare(conn, message.tensors, message.streams, std::move(targets)),
+    auto t = with_timeout(device_channels_->prepare(conn, message.tensors, message.streams, std::move(targets)),
                           timeout_duration(secs));
     auto prepared = co_await std::move(t);
     if (!prepared && prepared.error().code() == Errc::timeout) co_return fail(call_error(to, handler, secs, {}));
     if (!prepared)
-        co_return fail(Error(Errc::device_error, "rpc to worker \"" + to + "\": " + prepared.error().message(), self.name));
+        co_return fail(Error(Errc::device_error, "rpc to worker \"" + to + "\": " + prepared.error().message(), config_.self.name));
     double left = secs;
     if (secs > 0) {
         left = secs - std::chrono::duration<double>(Clock::now() - started).count();
@@ -431,35 +432,35 @@ namespace {
 template <class T>
 Task<Result<T>> on_core(std::shared_ptr<AgentCore> core, Task<Result<T>> t) {
     auto current = co_await asio::this_coro::executor;
-    if (current == core->ex) co_return co_await std::move(t);
+    if (current == core->config().ex) co_return co_await std::move(t);
     try {
-        co_return co_await asio::co_spawn(core->ex, std::move(t), asio::use_awaitable);
+        co_return co_await asio::co_spawn(core->config().ex, std::move(t), asio::use_awaitable);
     } catch (...) {
         co_return fail(error_from_current_exception("agent"));
     }
 }
 }  // namespace
 
-const WorkerInfo& NativeAgent::get_worker_info() const { return core_->self; }
+const WorkerInfo& NativeAgent::get_worker_info() const { return core_->config().self; }
 
 Result<WorkerInfo> NativeAgent::get_worker_info(std::string_view name) const {
-    return core_->peers.find(name);
+    return core_->peers().find(name);
 }
 
-std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->peers.infos(); }
+std::vector<WorkerInfo> NativeAgent::get_worker_infos() const { return core_->peers().infos(); }
 
-const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->options; }
+const RpcBackendOptions& NativeAgent::get_backend_options() const { return *core_->config().options; }
 
 Result<void> NativeAgent::register_handler(std::string name, RpcHandler handler) {
-    return core_->handlers.add(std::move(name), std::move(handler), {});
+    return core_->handlers().add(std::move(name), std::move(handler), {});
 }
 
 Result<void> NativeAgent::register_blocking_handler(std::string name, BlockingRpcHandler handler) {
-    return core_->handlers.add(std::move(name), {}, std::move(handler));
+    return core_->handlers().add(std::move(name), {}, std::move(handler));
 }
 
 Task<Result<void>> NativeAgent::unregister_handler(std::string name) {
-    return on_core(core_, core_->handlers.remove(std::move(name)));
+    return on_core(core_, core_->handlers().remove(std::move(name)));
 }
 
 Task<Result<Message>> NativeAgent::rpc_async(std::string to, std::string handler, Message message, double timeout_sec) {
@@ -475,14 +476,14 @@ Task<Result<AgentDebugInfo>> NativeAgent::get_debug_info() { return on_core(core
 Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
     auto keep = shared_from_this();
     AgentDebugInfo d;
-    d.worker = self.name;
-    d.rank = self.id;
-    d.world_size = world_size;
-    d.devices = devices;
-    peers.for_each([&](const PeerLink& link) {
+    d.worker = config_.self.name;
+    d.rank = config_.self.id;
+    d.world_size = config_.world_size;
+    d.devices = membership_.devices();
+    peers_.for_each([&](const PeerLink& link) {
         const auto r = static_cast<std::size_t>(link.info.id);
-        if (link.info.id == self.id || r >= metrics.peers.size()) return;
-        const auto& c = metrics.peers[r];
+        if (link.info.id == config_.self.id || r >= metrics_.peers.size()) return;
+        const auto& c = metrics_.peers[r];
         PeerDebugInfo p;
         p.worker = link.info.name;
         p.rank = link.info.id;
@@ -492,7 +493,7 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
             for (const auto& ch : link.conn->negotiated().channels)
                 p.channel += (p.channel.empty() ? "" : ",") + ch.client_device + "->" + ch.server_device + ":" + ch.channel;
         }
-        p.calls_in_flight = calls.in_flight(link.info.id);
+        p.calls_in_flight = calls_.in_flight(link.info.id);
         p.calls_done = c.calls_done;
         p.calls_failed = c.calls_failed;
         p.requests_served = c.requests_served;
@@ -502,37 +503,39 @@ Task<Result<AgentDebugInfo>> AgentCore::debug_info() {
         p.reverse_device_map = link.reverse;
         d.peers.push_back(std::move(p));
     });
-    for (std::size_t i = 0; i < metrics.errors.size(); ++i)
-        if (metrics.errors[i]) d.errors[std::string(to_string(static_cast<Errc>(i)))] = metrics.errors[i];
-    d.requests_running = metrics.requests_running;
-    d.latency_samples = metrics.latency.count();
-    d.latency_p50_us = metrics.latency.percentile_us(50);
-    d.latency_p90_us = metrics.latency.percentile_us(90);
-    d.latency_p99_us = metrics.latency.percentile_us(99);
-    d.latency_max_us = metrics.latency.max_us();
+    for (std::size_t i = 0; i < metrics_.errors.size(); ++i)
+        if (metrics_.errors[i]) d.errors[std::string(to_string(static_cast<Errc>(i)))] = metrics_.errors[i];
+    d.requests_running = metrics_.requests_running;
+    d.latency_samples = metrics_.latency.count();
+    d.latency_p50_us = metrics_.latency.percentile_us(50);
+    d.latency_p90_us = metrics_.latency.percentile_us(90);
+    d.latency_p99_us = metrics_.latency.percentile_us(99);
+    d.latency_max_us = metrics_.latency.max_us();
     co_return d;
 }
 
 std::vector<std::string> NativeAgent::listen_urls() const {
     std::vector<std::string> out;
-    for (const auto& o : core_->endpoint.offers()) out.push_back(o.address);
+    for (const auto& o : core_->endpoint().offers()) out.push_back(o.address);
     return out;
 }
 
 std::string NativeAgent::listen_address() const {
-    const Endpoint& e = core_->endpoint;
+    const Endpoint& e = core_->endpoint();
     if (!e.host().empty() || e.offers().empty()) return e.host() + ":" + std::to_string(e.port());
     return e.offers().front().address;
 }
 
-std::size_t NativeAgent::background_tasks() const { return core_->tasks->running(); }
+std::size_t NativeAgent::background_tasks() const { return core_->background_tasks(); }
 
-DeviceChannels::Stats NativeAgent::device_stats() const {
-    return core_->device_channels ? core_->device_channels->stats() : DeviceChannels::Stats{};
+DeviceChannels::Stats NativeAgent::device_stats() const { return core_->device_stats(); }
+
+DeviceChannels::Stats AgentCore::device_stats() const {
+    return device_channels_ ? device_channels_->stats() : DeviceChannels::Stats{};
 }
 
 std::shared_ptr<Connection> NativeAgent::connection_to(int rank) const {
-    const PeerLink* p = core_->peers.at(rank);
+    const PeerLink* p = core_->peers().at(rank);
     return p ? p->conn : nullptr;
 }
 

@@ -10,13 +10,13 @@ namespace tensorplay::detail {
 
 Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, Duration timeout) {
     auto keep = shared_from_this();
-    const auto link = peers.link(rank);  // (held across the awaits below: the member may leave meanwhile)
-    if (!link) co_return fail(Errc::invalid_argument, "no worker of rank " + std::to_string(rank) + " in the group of worker \"" + self.name + "\"");
+    const auto link = peers_.link(rank);  // (held across the awaits below: the member may leave meanwhile)
+    if (!link) co_return fail(Errc::invalid_argument, "no worker of rank " + std::to_string(rank) + " in the group of worker \"" + config_.self.name + "\"");
     PeerLink& p = *link;
     for (;;) {
-        if (state == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+        if (life_.state() == State::closed) co_return fail(Errc::shutdown, "the agent of worker \"" + config_.self.name + "\" is shut down");
         if (p.removed) co_return fail(*p.removed);
-        if (membership.evicted()) co_return fail(*membership.evicted());
+        if (membership_.evicted()) co_return fail(*membership_.evicted());
         if (p.conn && p.conn->is_open()) co_return p.conn;
         if (!p.connecting) break;
         auto wait = p.connecting;  // (the connect may end, and a new one begin, while we wait)
@@ -39,18 +39,18 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
         }
     } ended{p};
     p.connecting = ended.done;
-    auto limits = tuning.limits;
+    auto limits = config_.tuning.limits;
     if (timeout > Duration::zero() && timeout < limits.handshake_timeout) limits.handshake_timeout = timeout;
     HandshakeAuth auth;
-    auth.key = endpoint.key();
+    auth.key = endpoint_.key();
     // The negotiation runs over the peer's lowest-priority address of a transport this worker
     // has (its list is in its priority order: uv, when both have it); the handshake then chooses.
     const TransportOffer* boot = nullptr;
     for (auto it = p.addresses.rbegin(); it != p.addresses.rend() && !boot; ++it)
-        for (const auto& t : endpoint.transports())
+        for (const auto& t : endpoint_.transports())
             if (t->name() == it->name) boot = &*it;
-    Result<Address> address = fail(Errc::not_supported, "no common transport between worker \"" + self.name + "\" (offers " +
-                                                            offer_names(endpoint.offers()) + ") and worker \"" + p.info.name +
+    Result<Address> address = fail(Errc::not_supported, "no common transport between worker \"" + config_.self.name + "\" (offers " +
+                                                            offer_names(endpoint_.offers()) + ") and worker \"" + p.info.name +
                                                             "\" (offers " + offer_names(p.addresses) + ")");
     if (boot) address = Address::parse(boot->address);
     const std::string where = boot ? boot->address : std::string("(no common transport)");
@@ -80,17 +80,17 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     }
     auto& conn = **c;
     p.last_connect_error.reset();
-    if (state == State::closed) {
+    if (life_.state() == State::closed) {
         conn->close();
-        co_return fail(Errc::shutdown, "the agent of worker \"" + self.name + "\" is shut down");
+        co_return fail(Errc::shutdown, "the agent of worker \"" + config_.self.name + "\" is shut down");
     }
     if (p.removed) {  // (taken out of the group while the handshake ran)
         conn->close(*p.removed);
         co_return fail(*p.removed);
     }
-    if (membership.evicted()) {  // (we were, while it ran: a connection adopted now would carry calls past check_call)
-        conn->close(*membership.evicted());
-        co_return fail(*membership.evicted());
+    if (membership_.evicted()) {  // (we were, while it ran: a connection adopted now would carry calls past check_call)
+        conn->close(*membership_.evicted());
+        co_return fail(*membership_.evicted());
     }
     if (conn->peer().name != p.info.name || conn->peer().rank != rank) {
         conn->close();
@@ -98,7 +98,7 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
                                                  where + ", found \"" + conn->peer().name + "\" (rank " +
                                                  std::to_string(conn->peer().rank) + ")");
     }
-    log(LogLevel::debug, "rpc", "worker \"" + self.name + "\" connected to worker \"" + p.info.name + "\" over " +
+    log(LogLevel::debug, "rpc", "worker \"" + config_.self.name + "\" connected to worker \"" + p.info.name + "\" over " +
                                     conn->transport() + " (negotiated at " + where + ")");
     adopt_connection(conn, rank);
     co_return std::move(conn);

@@ -27,21 +27,22 @@ std::string millis(Duration d) {
     return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
 }
 
-/// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
-Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
+}  // namespace
+
+Task<void> AgentCore::liveness_loop(std::shared_ptr<AgentCore> core) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
-    const Duration timeout = core->member_timeout();
+    const Duration timeout = core->config_.member_timeout();
     const Duration interval = Membership::beat_interval(timeout);
-    const std::string beat = member_beat_key(core->self.id);
+    const std::string beat = member_beat_key(core->config_.self.id);
     bool store_failing = false;
     int watched = -1;
     std::int64_t last = -1;
     Clock::time_point moved{};
-    while (core->state == AgentCore::State::running) {
+    while (core->life_.state() == State::running) {
         timer.expires_after(interval);
         auto [ec] = co_await timer.async_wait(use_nothrow);
-        if (ec || core->state != AgentCore::State::running) co_return;
-        auto beaten = co_await core->store->add(beat, 1);
+        if (ec || core->life_.state() != State::running) co_return;
+        auto beaten = co_await core->config_.store->add(beat, 1);
         Result<std::optional<std::string>> holder = fail(Errc::internal, "unread");
         if (beaten)
             holder = co_await core->claim_holder();
@@ -49,16 +50,16 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
             holder = fail(beaten.error());
         if (!holder) {
             if (!store_failing)
-                log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" cannot beat its heartbeat in the store: " +
+                log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" cannot beat its heartbeat in the store: " +
                                                holder.error().to_string());
             store_failing = true;
             continue;
         }
         store_failing = false;
         if (core->evicted_by(*holder)) co_return;
-        const int next = core->membership.successor(core->self.id);
+        const int next = core->membership_.successor(core->config_.self.id);
         if (next < 0) continue;
-        auto seen = co_await core->store->add(member_beat_key(next), 0);
+        auto seen = co_await core->config_.store->add(member_beat_key(next), 0);
         if (!seen) continue;
         const auto now = Clock::now();
         if (next != watched || *seen != last) {
@@ -72,33 +73,30 @@ Task<void> liveness_loop(std::shared_ptr<AgentCore> core) {
     }
 }
 
-/// Whether member `name` answers a call of a built-in handler within `limit`.
-Task<bool> answers(std::shared_ptr<AgentCore> core, std::string name, Duration limit) {
-    auto r = co_await core->call_builtin(name, kDeviceInfosHandler, Bytes{}, Clock::now() + limit);
+Task<bool> AgentCore::answers(std::string name, Duration limit) {
+    auto r = co_await call_builtin(name, kDeviceInfosHandler, Bytes{}, Clock::now() + limit);
     co_return r.has_value();
 }
 
-/// The removal of the member of `rank` (named `name`) if it does not answer: under the token,
-/// every other member is sent the group without it, the store's list is updated, its entries go.
-Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why) {
+Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why) {
     struct Done {
         AgentCore& core;
         int rank;
-        ~Done() { core.membership.end_check(rank); }
+        ~Done() { core.membership_.end_check(rank); }
     } done{*core, rank};
     // (Suspected inside a connection's close: the probe starts on the next turn of the loop.)
     co_await asio::post(co_await asio::this_coro::executor, use_nothrow);
-    const Duration timeout = core->member_timeout();
-    if (co_await answers(core, name, Membership::probe_timeout(timeout))) {
-        log(LogLevel::info, "rpc", "worker \"" + core->self.name + "\" suspected member \"" + name + "\" (" + why +
+    const Duration timeout = core->config_.member_timeout();
+    if (co_await core->answers(name, Membership::probe_timeout(timeout))) {
+        log(LogLevel::info, "rpc", "worker \"" + core->config_.self.name + "\" suspected member \"" + name + "\" (" + why +
                                        "), but it answers");
         co_return;
     }
-    if (core->membership.evicted() || core->state != AgentCore::State::running) co_return;  // (no member to remove anyone)
-    const auto deadline = Clock::now() + core->membership_wait_limit();
-    auto token = co_await GroupToken::acquire(core->store, core->self.name, TokenPurpose::removal, deadline);
+    if (core->membership_.evicted() || core->life_.state() != State::running) co_return;  // (no member to remove anyone)
+    const auto deadline = Clock::now() + core->config_.store_wait_limit();
+    auto token = co_await GroupToken::acquire(core->config_.store, core->config_.self.name, TokenPurpose::removal, deadline);
     if (!token) {
-        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name + "\": " +
+        log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not remove dead member \"" + name + "\": " +
                                        token.error().to_string());
         co_return;
     }
@@ -106,9 +104,9 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
     // give it back: a member that was itself removed while it did not run (stopped, partitioned)
     // and has not seen it yet must not remove anyone (the others' group would lose a live member).
     auto holder = co_await core->claim_holder();
-    if (core->membership.evicted() || !holder || core->evicted_by(*holder)) {
+    if (core->membership_.evicted() || !holder || core->evicted_by(*holder)) {
         if (!holder)
-            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not remove dead member \"" + name +
+            log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not remove dead member \"" + name +
                                            "\": reading its own claim: " + holder.error().to_string());
         (void)co_await (*token)->release();
         co_return;
@@ -116,93 +114,91 @@ Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string
     // Under the token the group is as the store lists it: gone already (it left, or another member
     // removed it, or a new worker took its rank), or still there and to be removed.
     auto listed = co_await core->read_member_ranks();
-    const PeerLink* link = core->peers.at(rank);
+    const PeerLink* link = core->peers_.at(rank);
     const bool still = listed && std::find(listed->begin(), listed->end(), rank) != listed->end() && link &&
-                       link->info.name == name && core->state == AgentCore::State::running;
-    if (still && !co_await answers(core, name, Membership::probe_timeout(timeout))) {
-        const auto update = core->membership.removal_update(rank, name, *listed);
-        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" removes member \"" + name + "\" from the group: " + why +
+                       link->info.name == name && core->life_.state() == State::running;
+    if (still && !co_await core->answers(name, Membership::probe_timeout(timeout))) {
+        const auto update = core->membership_.removal_update(rank, name, *listed);
+        log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" removes member \"" + name + "\" from the group: " + why +
                                        ", and it does not answer");
         std::vector<std::string> others;
         std::vector<int> other_ranks, unreached;
         for (const auto& m : update.members)
-            if (m.record.rank != core->self.id) {
+            if (m.record.rank != core->config_.self.id) {
                 others.push_back(m.record.name);
                 other_ranks.push_back(m.record.rank);
             }
         auto told = co_await core->call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
         for (std::size_t i = 0; i < told.size(); ++i) {
             if (told[i]) continue;
-            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not tell member \"" + others[i] + "\" that \"" +
+            log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not tell member \"" + others[i] + "\" that \"" +
                                            name + "\" is removed: " + told[i].error().to_string());
             unreached.push_back(other_ranks[i]);
         }
         if (auto a = core->apply_membership(update); !a)
-            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\": " + a.error().to_string());
-        if (auto s = co_await core->store->set(kMembersKey, encode_member_ranks(Membership::ranks_of(update.members))); !s)
-            log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not record the group's members: " + s.error().to_string());
+            log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\": " + a.error().to_string());
+        if (auto s = co_await core->config_.store->set(kMembersKey, encode_member_ranks(Membership::ranks_of(update.members))); !s)
+            log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not record the group's members: " + s.error().to_string());
         co_await core->forget_member(rank);
         for (int r : unreached) core->suspect(r, "it did not take the update of a removal");
     }
     if (auto r = co_await (*token)->release(); !r)
-        log(LogLevel::warn, "rpc", "worker \"" + core->self.name + "\" could not give the group token back: " + r.error().to_string());
+        log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not give the group token back: " + r.error().to_string());
 }
 
-}  // namespace
-
-Duration AgentCore::member_timeout() const {
+Duration AgentConfig::member_timeout() const {
     if (tuning.member_timeout > Duration::zero()) return tuning.member_timeout;
     const double secs = tp_options ? tp_options->member_timeout : DEFAULT_MEMBER_TIMEOUT_SEC;
     return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(secs));
 }
 
 void AgentCore::start_liveness() {
-    tasks->spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
+    tasks_->spawn(liveness_loop(shared_from_this()), "a dynamic member's heartbeat");
 }
 
 void AgentCore::evict(Error why) {
-    if (state == State::closed || !membership.evict(why)) return;
-    peers.for_each([&](PeerLink& p) {
-        calls.fail(p.info.id, nullptr, why);
+    if (life_.state() == State::closed || !membership_.evict(why)) return;
+    peers_.for_each([&](PeerLink& p) {
+        calls_.fail(p.info.id, nullptr, why);
         if (p.conn) p.conn->close(why);
         p.conn.reset();
     });
-    endpoint.for_each_inbound([&](Connection& c) { c.close(why); });
+    endpoint_.for_each_inbound([&](Connection& c) { c.close(why); });
 }
 
 // (The claim is read by value: a compare_set of the key with itself is no check, as c10d answers
 // a missing key with the expected value; a key that is there answers with what it holds.)
 Task<Result<std::optional<std::string>>> AgentCore::claim_holder() {
     auto keep = shared_from_this();
-    const std::string claim = member_claim_key(self.id);
-    const Bytes mine = bytes(self.name);
+    const std::string claim = member_claim_key(config_.self.id);
+    const Bytes mine = bytes(config_.self.name);
     std::vector<std::string> claim_key(1, claim);  // (no braced list in a co_await: GCC 12)
-    auto present = co_await store->check(std::move(claim_key));
+    auto present = co_await config_.store->check(std::move(claim_key));
     if (!present) co_return fail(present.error());
     if (!*present) co_return std::optional<std::string>();
-    auto held = co_await store->compare_set(claim, mine, mine);
+    auto held = co_await config_.store->compare_set(claim, mine, mine);
     if (!held) co_return fail(held.error());
     co_return std::optional<std::string>(to_string(*held));
 }
 
 bool AgentCore::evicted_by(const std::optional<std::string>& holder) {
-    if (holder && *holder == self.name) return false;
+    if (holder && *holder == config_.self.name) return false;
     std::string by;
-    if (holder) by = " (rank " + std::to_string(self.id) + " is now worker \"" + *holder + "\")";
-    Error why(Errc::shutdown, "worker \"" + self.name + "\" was removed from the dynamic group by the others" + by +
+    if (holder) by = " (rank " + std::to_string(config_.self.id) + " is now worker \"" + *holder + "\")";
+    Error why(Errc::shutdown, "worker \"" + config_.self.name + "\" was removed from the dynamic group by the others" + by +
                                   " (they could not reach it); it is no longer a member: shut it down and start it again",
-              self.name);
+              config_.self.name);
     log(LogLevel::error, "rpc", why.message());
     evict(std::move(why));
     return true;
 }
 
 void AgentCore::suspect(int rank, std::string why) {
-    if (!dynamic() || membership.evicted() || membership.leaving() || state != State::running || rank == self.id) return;
-    const PeerLink* link = peers.at(rank);
-    if (!link || !membership.begin_check(rank)) return;
-    if (!tasks->spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
-        membership.end_check(rank);
+    if (!config_.dynamic() || membership_.evicted() || membership_.leaving() || life_.state() != State::running || rank == config_.self.id) return;
+    const PeerLink* link = peers_.at(rank);
+    if (!link || !membership_.begin_check(rank)) return;
+    if (!tasks_->spawn(remove_if_dead(shared_from_this(), rank, link->info.name, std::move(why)), "a dead member's removal"))
+        membership_.end_check(rank);
 }
 
 }  // namespace tensorplay::detail

@@ -24,39 +24,39 @@ Task<Result<Message>> run_blocking(BlockingRpcHandler fn, WorkerInfo caller, Mes
     }
 }
 
-/// Reply tensors go back through the reverse of the caller's map; fills `targets`.
-Result<void> route_reply_tensors(const AgentCore& core, const HelloInfo& caller, const std::vector<Tensor>& tensors,
-                                 std::vector<Device>& targets) {
+}  // namespace
+
+Result<void> AgentCore::route_reply_tensors(const HelloInfo& caller, const std::vector<Tensor>& tensors,
+                                            std::vector<Device>& targets) const {
+    const std::vector<Device>& devices = membership_.devices();
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const Device d = tensors[i].defined() ? tensors[i].device() : Device::cpu();
-        if (!d.is_cpu() && std::find(core.devices.begin(), core.devices.end(), d) == core.devices.end())
+        if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end())
             return fail(Errc::device_error,
                         "reply tensor " + std::to_string(i) + " is on " + d.str() + ", which is not among the devices of worker \"" +
-                            core.self.name + "\" (set them with `devices`, or map them in a device map)",
-                        core.self.name);
+                            config_.self.name + "\" (set them with `devices`, or map them in a device map)",
+                        config_.self.name);
     }
     const DeviceMap* reverse = nullptr;
-    if (const PeerLink* p = core.peers.at(caller.rank); p && p->info.name == caller.name) reverse = &p->reverse;
+    if (const PeerLink* p = peers_.at(caller.rank); p && p->info.name == caller.name) reverse = &p->reverse;
     const auto i = map_tensor_targets(reverse, tensors, targets);
     if (i < 0) return ok();
     const Tensor& t = tensors[static_cast<std::size_t>(i)];
-    if (!t.defined()) return fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", core.self.name);
+    if (!t.defined()) return fail(Errc::invalid_argument, "reply tensor " + std::to_string(i) + " is undefined", config_.self.name);
     return fail(Errc::device_error,
                 "reply tensor " + std::to_string(i) + " is on " + t.device().str() + ", which has no device map back to worker \"" +
                     caller.name + "\" (worker \"" + caller.name + "\" maps none of its devices to it)",
-                core.self.name);
+                config_.self.name);
 }
 
-/// Sends the reply to the worker's request: `r`'s message, or its error; with `prepared`, the
-/// device channels' tensors (for which `targets` was filled).
-void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Message>& r, PreparedTensors* prepared = nullptr,
-                std::vector<Device> targets = {}) {
+void AgentCore::send_reply(Connection& conn, std::uint64_t id, Result<Message>& r, PreparedTensors* prepared,
+                           std::vector<Device> targets) {
     if (r && !r->tensors.empty() && !prepared) {
-        if (auto routed = route_reply_tensors(core, conn.peer(), r->tensors, targets); !routed) r = fail(std::move(routed).error());
+        if (auto routed = route_reply_tensors(conn.peer(), r->tensors, targets); !routed) r = fail(std::move(routed).error());
     }
-    if (core.metrics.requests_running > 0) --core.metrics.requests_running;
-    if (const auto rank = conn.peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < core.metrics.peers.size()) {
-        auto& c = core.metrics.peers[static_cast<std::size_t>(rank)];
+    if (metrics_.requests_running > 0) --metrics_.requests_running;
+    if (const auto rank = conn.peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < metrics_.peers.size()) {
+        auto& c = metrics_.peers[static_cast<std::size_t>(rank)];
         ++c.requests_served;
         if (r) c.bytes_sent += message_bytes(*r);
     }
@@ -76,29 +76,24 @@ void send_reply(AgentCore& core, Connection& conn, std::uint64_t id, Result<Mess
     if (!sent) log(LogLevel::debug, "rpc", "could not reply to worker \"" + conn.peer().name + "\": " + sent.error().to_string());
 }
 
-/// A reply with device tensors: ordered after the handler's streams (for a device it names none
-/// on, its request's), routed back through the reverse map, staged or put in the outbox, sent.
-Task<void> send_device_reply(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::uint64_t id,
-                             Result<Message> r, std::vector<tensorplay::Stream> request_streams) {
+Task<void> AgentCore::send_device_reply(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::uint64_t id,
+                                        Result<Message> r, std::vector<tensorplay::Stream> request_streams) {
     std::vector<Device> targets;
     std::optional<PreparedTensors> prepared;
-    if (auto routed = route_reply_tensors(*core, conn->peer(), r->tensors, targets); !routed) {
+    if (auto routed = core->route_reply_tensors(conn->peer(), r->tensors, targets); !routed) {
         r = fail(std::move(routed).error());
     } else {
         for (const auto& s : request_streams)
             if (!r->stream_for(s.device)) r->streams.push_back(s);
-        auto t = core->device_channels->prepare(conn, r->tensors, r->streams, targets);
+        auto t = core->device_channels_->prepare(conn, r->tensors, r->streams, targets);
         auto p = co_await std::move(t);
         if (p) prepared = std::move(*p);
-        else r = fail(Error(Errc::device_error, "sending the reply's tensors: " + p.error().message(), core->self.name));
+        else r = fail(Error(Errc::device_error, "sending the reply's tensors: " + p.error().message(), core->config_.self.name));
     }
-    send_reply(*core, *conn, id, r, prepared ? &*prepared : nullptr, std::move(targets));
+    core->send_reply(*conn, id, r, prepared ? &*prepared : nullptr, std::move(targets));
 }
 
-/// Serves requests: the one it was started with, then whichever the reader hands it while parked.
-/// The handler runs in this coroutine's frame (one more coroutine per request would cost a frame
-/// and its resumption).
-Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, ServeRequest first) {
+Task<void> AgentCore::serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, ServeRequest first) {
     ServeWorker w;
     w.core = std::move(core);
     w.conn = std::move(conn);
@@ -111,7 +106,7 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
         if (req.error) {
             r = fail(std::move(*req.error));
         } else if (!req.entry) {
-            r = fail(w.core->handlers.not_found(req.unknown));
+            r = fail(w.core->handlers_.not_found(req.unknown));
         } else {
             try {
                 WorkerInfo caller{w.conn->peer().name, w.conn->peer().rank};
@@ -123,11 +118,11 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
             }
             w.core->finish_handler(*req.entry, r);
         }
-        if (r && has_device_tensors(r->tensors) && w.core->device_channels) {
+        if (r && has_device_tensors(r->tensors) && w.core->device_channels_) {
             auto t = send_device_reply(w.core, w.conn, req.id, std::move(r), std::move(request_streams));
             co_await std::move(t);
         } else {
-            send_reply(*w.core, *w.conn, req.id, r);
+            w.core->send_reply(*w.conn, req.id, r);
         }
         w.has_request = false;
         req.entry.reset();
@@ -140,34 +135,32 @@ Task<void> serve_worker(std::shared_ptr<AgentCore> core, std::shared_ptr<Connect
     }
 }
 
-}  // namespace
-
 void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint64_t id, std::string_view name,
                               Message&& message, Error* error) {
-    ++metrics.requests_running;
-    if (const auto rank = conn->peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < metrics.peers.size())
-        metrics.peers[static_cast<std::size_t>(rank)].bytes_received += message_bytes(message);
+    ++metrics_.requests_running;
+    if (const auto rank = conn->peer().rank; rank >= 0 && static_cast<std::size_t>(rank) < metrics_.peers.size())
+        metrics_.peers[static_cast<std::size_t>(rank)].bytes_received += message_bytes(message);
     auto fill = [&](ServeRequest& req) {
         req.id = id;
         if (error) {
             req.error = std::move(*error);
             return;
         }
-        if (dynamic())
+        if (config_.dynamic())
             if (auto refused = refuse_caller(conn->peer(), name)) {
                 req.error = std::move(*refused);
                 return;
             }
-        req.entry = handlers.enter(name);
+        req.entry = handlers_.enter(name);
         if (!req.entry) req.unknown = name;
         req.message = std::move(message);
     };
-    ServeWorker* w = serving.take();
+    ServeWorker* w = serving_.take();
     if (!w) {
         ServeRequest req;
         fill(req);
-        if (!tasks->spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
-            --metrics.requests_running;  // (closing: nobody will answer it)
+        if (!tasks_->spawn(serve_worker(shared_from_this(), conn, std::move(req)), "a serving worker"))
+            --metrics_.requests_running;  // (closing: nobody will answer it)
         return;
     }
     fill(w->req);
@@ -178,26 +171,26 @@ void AgentCore::serve_request(const std::shared_ptr<Connection>& conn, std::uint
 }
 
 bool AgentCore::park(ServeWorker& w) {
-    if (state == State::closed || w.core.use_count() == 1 || !serving.park(w)) return false;
+    if (life_.state() == State::closed || w.core.use_count() == 1 || !serving_.park(w)) return false;
     w.core.reset();
     return true;
 }
 
 Task<Result<Message>> AgentCore::start_handler(const HandlerEntry& entry, WorkerInfo caller, Message message) {
     if (entry.coro) return entry.coro(std::move(caller), std::move(message));
-    const int n = tp_options ? tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
-    auto& threads = serving.blocking_threads(static_cast<std::size_t>(n > 0 ? n : 1));
+    const int n = config_.tp_options ? config_.tp_options->num_worker_threads : DEFAULT_NUM_WORKER_THREADS;
+    auto& threads = serving_.blocking_threads(static_cast<std::size_t>(n > 0 ? n : 1));
     return asio::co_spawn(threads, run_blocking(entry.blocking, std::move(caller), std::move(message)), asio::use_awaitable);
 }
 
 void AgentCore::finish_handler(HandlerEntry& entry, Result<Message>& r) {
-    handlers.leave(entry);
-    if (!r) r = fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), self.name));
+    handlers_.leave(entry);
+    if (!r) r = fail(Error(Errc::remote_error, "handler \"" + entry.name + "\" failed: " + r.error().to_string(), config_.self.name));
 }
 
 Task<Result<Message>> AgentCore::run_handler(WorkerInfo caller, std::string name, Message message) {
-    auto h = handlers.enter(name);
-    if (!h) co_return fail(handlers.not_found(name));
+    auto h = handlers_.enter(name);
+    if (!h) co_return fail(handlers_.not_found(name));
     Result<Message> r;
     try {
         auto t = start_handler(*h, std::move(caller), std::move(message));

@@ -1,9 +1,11 @@
-// Private: the workers an agent knows (itself included), by rank and by name. A member's PeerLink
-// stays at one address while it is a member, and is shared: code that awaits holds a reference,
-// so removing a member (dynamic groups) never leaves anyone pointing at freed memory.
+// Private: the workers an agent knows (itself included), by rank and by name, and whether they are
+// the whole group yet (the roster). A member's PeerLink stays at one address while it is a
+// member, and is shared: code that awaits holds a reference, so removing a member (dynamic
+// groups) never leaves anyone pointing at freed memory.
 #pragma once
 
 #include <tensorplay/core/result.hpp>
+#include <tensorplay/core/task.hpp>
 #include <tensorplay/device/device_map.hpp>
 #include <tensorplay/rpc/worker_info.hpp>
 #include <tensorplay/transport/connection.hpp>
@@ -77,10 +79,28 @@ public:
             if (p) f(*p);
     }
 
+    // ---- the roster (strand-bound) ----
+    /// Whether the table holds the whole group: every worker's address was read (a static group),
+    /// or a membership update listed the members (a dynamic one). Inbound peers are admitted
+    /// against it.
+    [[nodiscard]] bool roster_read() const noexcept { return roster_read_; }
+    /// The table holds the whole group from now on: wait_roster()'s waiters resume (in place).
+    void mark_roster_read() {
+        roster_read_ = true;
+        roster_known_.set();
+    }
+    /// Resumes wait_roster()'s waiters although the roster is not read (its owner closes).
+    void wake_roster_waiters() { roster_known_.set(); }
+    /// Completes once mark_roster_read() or wake_roster_waiters() was called (at once after);
+    /// operation_aborted when cancelled.
+    [[nodiscard]] Task<std::error_code> wait_roster() { return roster_known_.wait(); }
+
 private:
     mutable std::mutex mutex_;  // (held by changes and by the any-thread readers)
     std::vector<std::shared_ptr<PeerLink>> by_rank_;  // null where no member has that rank
     std::map<std::string, int, std::less<>> by_name_;
+    bool roster_read_ = false;
+    Flag roster_known_;  // set by mark_roster_read (or wake_roster_waiters)
 };
 
 }  // namespace tensorplay::detail

@@ -24,7 +24,7 @@ class Connection;
 
 namespace tensorplay::detail {
 
-struct AgentCore;
+class AgentCore;
 class ServingPool;
 
 /// A request as a serving worker takes it: the handler is looked up (and counted as running) by

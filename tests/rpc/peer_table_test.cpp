@@ -1,5 +1,14 @@
-// PeerTable: members by rank and name, links that stay put while the table grows and shrinks.
+// PeerTable: members by rank and name, links that stay put while the table grows and shrinks, and
+// the roster's waiters.
 #include "rpc/peer_table.hpp"
+
+#include "core/asio_compat.hpp"
+#include "support/deadline.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -12,6 +21,8 @@ namespace tp_peer_table_test {
 using namespace tensorplay;
 using tensorplay::detail::PeerLink;
 using tensorplay::detail::PeerTable;
+using tensorplay::detail::use_nothrow;
+using namespace std::chrono_literals;
 
 TEST_CASE("a peer table finds members by rank and by name, and refuses a taken rank or name", "[rpc][peers]") {
     PeerTable t;
@@ -96,6 +107,43 @@ TEST_CASE("a peer table's any-thread readers see whole members while the strand 
     reader.join();
     CHECK(bad == 0);
     CHECK(t.size() == 1);
+}
+
+namespace {
+/// Waits for the roster of `t`, then records that it resumed and how its wait ended.
+Task<void> wait_for_roster(PeerTable& t, bool& resumed, std::error_code& ec) {
+    ec = co_await t.wait_roster();
+    resumed = true;
+}
+}  // namespace
+
+TEST_CASE("the roster's waiters resume once it is read, or when woken without it", "[rpc][peers]") {
+    test::run_with_deadline(5s, [&]() -> Task<void> {
+        auto ex = co_await asio::this_coro::executor;
+        PeerTable woken;
+        bool resumed = false;
+        std::error_code ec;
+        asio::co_spawn(ex, wait_for_roster(woken, resumed, ec), asio::detached);
+        co_await asio::post(ex, use_nothrow);
+        CHECK_FALSE(resumed);
+        woken.wake_roster_waiters();  // (its owner closes: in place, the roster still unread)
+        CHECK(resumed);
+        CHECK_FALSE(ec);
+        CHECK_FALSE(woken.roster_read());
+
+        PeerTable read;
+        REQUIRE(read.add(WorkerInfo{"a", 0}));
+        resumed = false;
+        asio::co_spawn(ex, wait_for_roster(read, resumed, ec), asio::detached);
+        co_await asio::post(ex, use_nothrow);
+        CHECK_FALSE(resumed);
+        CHECK_FALSE(read.roster_read());
+        read.mark_roster_read();
+        CHECK(resumed);
+        CHECK(read.roster_read());
+        auto again = co_await read.wait_roster();  // (once read: at once)
+        CHECK_FALSE(again);
+    });
 }
 
 }  // namespace tp_peer_table_test
