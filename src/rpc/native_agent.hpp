@@ -123,12 +123,6 @@ private:
     int shutdown_rounds_ = 0;
 };
 
-namespace {
-/// Defined in native_agent_calls.cpp, AgentCore's one friend (declared in every file that
-/// includes this one, defined by that one alone: see the friend declaration).
-class ConnectionReader;
-}  // namespace
-
 /// The agent: its state and the coroutines that drive it (native_agent_{init,calls,serve,connect,
 /// membership,liveness}.cpp). Strand-bound to its executor (everything but the handler registry,
 /// which has a mutex, and what says otherwise). Every coroutine the agent starts in the background
@@ -275,11 +269,8 @@ private:
 
     // ---- native_agent_calls.cpp (calls) ----
     /// Receives on one of the agent's connections (native_agent_calls.cpp): part of the agent, it
-    /// hands requests to serving workers and replies to their calls. A friend in an unnamed
-    /// namespace rather than a nested class: with internal linkage, GCC 12 inlines the reply's
-    /// path (the call table's take, the call's resumption) into its frame handler, which it
-    /// leaves out of line for a nested class.
-    friend ConnectionReader;
+    /// hands requests to serving workers and replies to their calls.
+    class ConnectionReader;
     /// The rank of `to` when a call can take the common path (agent running, another worker,
     /// connection open), else -1.
     [[nodiscard]] int ready_rank(const std::string& to);

@@ -64,12 +64,14 @@ std::string seconds_str(double s) {
     return buf;
 }
 
+}  // namespace
+
 /// Receives on one of the agent's connections (outgoing: `rank` >= 0, replies to our calls and
 /// requests; inbound: requests only): requests go to serving workers, replies resume their calls.
 /// Runs inside the connection's reads (Connection::dispatch_to): a reply resumes its caller in
-/// place, and a request its serving worker. A part of the agent (its friend: it reads the agent's
-/// calls and parts directly, on the hot path).
-class ConnectionReader final : public FrameSink, public std::enable_shared_from_this<ConnectionReader> {
+/// place, and a request its serving worker. A part of the agent (a nested class: it reads the
+/// agent's calls and parts directly, on the hot path).
+class AgentCore::ConnectionReader final : public FrameSink, public std::enable_shared_from_this<ConnectionReader> {
 public:
     ConnectionReader(std::shared_ptr<AgentCore> core, std::shared_ptr<Connection> conn, std::shared_ptr<PeerLink> peer)
         : core_(std::move(core)), conn_(std::move(conn)), peer_(std::move(peer)) {}
@@ -102,7 +104,7 @@ public:
                 if (auto self = weak.lock()) self->deliver(std::move(f), std::move(s));
             };
             const auto landed = core_->land_device_tensors(conn_, f, refs, streams, later);
-            if (landed == AgentCore::Landing::later || (landed == AgentCore::Landing::failed && !conn_->is_open())) return;
+            if (landed == Landing::later || (landed == Landing::failed && !conn_->is_open())) return;
         }
         deliver(std::move(f), std::move(streams));
     }
@@ -130,7 +132,7 @@ public:
         if (peer_) {
             PeerLink& peer = *peer_;
             if (peer.conn == conn_) peer.conn.reset();
-            Errc code = core.life_.state() == AgentCore::State::closed ? Errc::shutdown : Errc::connection_lost;
+            Errc code = core.life_.state() == State::closed ? Errc::shutdown : Errc::connection_lost;
             if (code == Errc::connection_lost)
                 log(LogLevel::info, "rpc", "worker \"" + core.config_.self.name + "\" lost its connection to worker \"" +
                                                peer.info.name + "\": " + why.message());
@@ -139,13 +141,13 @@ public:
             // A dynamic member that may have died: checked, and removed when it does not answer.
             if (code == Errc::connection_lost && why.code() == Errc::connection_lost && core.peers_.at(peer.info.id) == &peer)
                 core.suspect(peer.info.id, "its connection was lost (" + why.message() + ")");
-        } else if (core.life_.state() != AgentCore::State::closed && why.code() == Errc::connection_lost) {
+        } else if (core.life_.state() != State::closed && why.code() == Errc::connection_lost) {
             const PeerLink* member = core.peers_.at(conn_->peer().rank);
             if (member && member->info.name == conn_->peer().name)
                 core.suspect(member->info.id, "its connection was lost (" + why.message() + ")");
         }
         // (shutdown: closed on purpose, e.g. the peer left a dynamic group)
-        if (core.life_.state() != AgentCore::State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)
+        if (core.life_.state() != State::closed && why.code() != Errc::connection_lost && why.code() != Errc::shutdown)
             log(LogLevel::warn, "rpc", "closing the connection with " + conn_->describe() + ": " + why.to_string());
         conn_->close();
     }
@@ -177,8 +179,6 @@ private:
     std::shared_ptr<Connection> conn_;
     std::shared_ptr<PeerLink> peer_;  ///< the worker this connection calls; null for an inbound one
 };
-
-}  // namespace
 
 void AgentCore::adopt_connection(std::shared_ptr<Connection> conn, int rank) {
     conn->set_allocator([this](const TensorDesc& d) { return allocate(d); });
