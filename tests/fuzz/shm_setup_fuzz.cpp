@@ -102,26 +102,11 @@ Fd make_fd(fuzz::Input& in, std::size_t& ring_capacity) {
     }
 }
 
-/// One sendmsg of `bytes` with `fds` (none: a plain send).
+/// One sendmsg of `bytes` with `fds` (none: a plain send), whole.
 bool send_piece(int sock, std::span<const std::uint8_t> bytes, const std::vector<Fd>& fds) {
-    iovec iov{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    if (!fds.empty()) {
-        mh.msg_control = control;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-        cmsghdr* c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-        for (std::size_t i = 0; i < fds.size(); ++i) {
-            const int fd = fds[i].get();
-            std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
-        }
-    }
-    return ::sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(bytes.size());
+    std::vector<int> raw;
+    for (const Fd& fd : fds) raw.push_back(fd.get());
+    return send_with_fds(sock, bytes, raw) == static_cast<ssize_t>(bytes.size());
 }
 
 void run(fuzz::Input& in) {

@@ -18,7 +18,9 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // This file's own names: each layer's tests are compiled together (tests/meson.build).
@@ -30,6 +32,17 @@ using namespace std::chrono_literals;
 namespace shm = tensorplay::detail::shm;
 
 namespace {
+
+/// Whether process `pid`'s main thread is blocked in the kernel (state S in /proc/PID/stat).
+bool blocked(pid_t pid) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+    if (!f) return false;
+    char line[512] = {};
+    const bool read = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    const char* end = read ? std::strrchr(line, ')') : nullptr;  // (the name may hold spaces)
+    return end && end[1] == ' ' && end[2] == 'S';
+}
 
 std::uint8_t pattern(std::uint64_t i) { return static_cast<std::uint8_t>((i * 2654435761u) >> 11); }
 
@@ -145,7 +158,9 @@ TEST_CASE("many small messages ping-pong with a peer process in order", "[shm]")
 
 TEST_CASE("a peer process that sleeps longer than the spin wakes the reader across processes", "[shm]") {
     auto peer = fork_peer(shm_options(4096, 20us), [](ShmConnection& c) -> Task<void> {
-        ::usleep(150'000);  // far past the spin: the reader must be asleep on its doorbell
+        // Past the spin: the reader has said it will sleep (its flag in our outbox) and its
+        // process is blocked (in the event loop's wait on the doorbell, not between the two).
+        while (!c.peer_reader_asleep() || !blocked(::getppid())) ::usleep(100);
         std::uint64_t v = 42;
         auto c3 = co_await send_all(c, reinterpret_cast<std::uint8_t*>(&v), sizeof v);
         if (!c3) ::_exit(4);

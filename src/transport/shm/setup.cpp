@@ -90,14 +90,17 @@ Result<LocalEnd> create_local_end(std::size_t capacity) {
     return end;
 }
 
-Result<bool> send_setup(int sock, const SetupMessage& msg, std::span<const int> fds) {
-    iovec iov{const_cast<SetupMessage*>(&msg), sizeof msg};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+ssize_t send_with_fds(int sock, std::span<const std::uint8_t> bytes, std::span<const int> fds) noexcept {
+    if (fds.size() > kMaxSentFds) {
+        errno = EINVAL;
+        return -1;
+    }
+    iovec iov{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxSentFds)];
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
     if (!fds.empty()) {
-        if (fds.size() > 8) return fail(Errc::invalid_argument, "too many descriptors for one setup message");
         std::memset(control, 0, sizeof control);
         mh.msg_control = control;
         mh.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
@@ -108,15 +111,20 @@ Result<bool> send_setup(int sock, const SetupMessage& msg, std::span<const int> 
         std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
     for (;;) {
-        auto n = ::sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n == static_cast<ssize_t>(sizeof msg)) return true;
-        if (n >= 0) return fail(Errc::io_error, "shm setup message was sent only in part");
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-        if (errno == EPIPE || errno == ECONNRESET)
-            return fail(Errc::connection_lost, std::string("peer closed the socket during shm setup: ") + std::strerror(errno));
-        return fail(os_error("sendmsg of the shm setup", errno));
+        const auto n = ::sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0 || errno != EINTR) return n;
     }
+}
+
+Result<bool> send_setup(int sock, const SetupMessage& msg, std::span<const int> fds) {
+    if (fds.size() > kMaxSentFds) return fail(Errc::invalid_argument, "too many descriptors for one setup message");
+    const auto n = send_with_fds(sock, {reinterpret_cast<const std::uint8_t*>(&msg), sizeof msg}, fds);
+    if (n == static_cast<ssize_t>(sizeof msg)) return true;
+    if (n >= 0) return fail(Errc::io_error, "shm setup message was sent only in part");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno == EPIPE || errno == ECONNRESET)
+        return fail(Errc::connection_lost, std::string("peer closed the socket during shm setup: ") + std::strerror(errno));
+    return fail(os_error("sendmsg of the shm setup", errno));
 }
 
 Result<bool> SetupReceiver::poll(int sock) {

@@ -7,6 +7,8 @@
 
 #include "transport/shm/ring.hpp"
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -89,6 +91,11 @@ struct PeerEnd {
     Fd space_bell;  ///< rung when this side freed space in its inbox and the peer waits for it
 };
 
+/// The most descriptors one send_with_fds passes.
+inline constexpr std::size_t kMaxSentFds = 8;
+/// One non-blocking sendmsg of `bytes` with `fds` (SCM_RIGHTS; none: plain bytes): sendmsg's
+/// result (-1 with errno, EINVAL for more than kMaxSentFds descriptors).
+[[nodiscard]] ssize_t send_with_fds(int sock, std::span<const std::uint8_t> bytes, std::span<const int> fds) noexcept;
 /// Sends `msg` with `fds` in one sendmsg on a non-blocking socket. true: sent; false: the
 /// socket would block (wait until writable and call again); an error otherwise.
 [[nodiscard]] Result<bool> send_setup(int sock, const SetupMessage& msg, std::span<const int> fds);

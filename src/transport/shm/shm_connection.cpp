@@ -293,6 +293,9 @@ void ShmConnection::close() {
 bool ShmConnection::is_open() const noexcept { return !s_->closed && !s_->lost; }
 int ShmConnection::peer_pid() const noexcept { return s_->peer_pid; }
 ShmStats ShmConnection::stats() const noexcept { return s_->stats; }
+bool ShmConnection::peer_reader_asleep() const noexcept {
+    return s_->outbox.header()->reader_waiting.load(std::memory_order_acquire) != 0;
+}
 std::chrono::microseconds ShmConnection::poll_spin() const noexcept { return s_->options.reader_spin; }
 Executor ShmConnection::get_executor() const { return s_->socket.get_executor(); }
 

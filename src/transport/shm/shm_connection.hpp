@@ -98,6 +98,9 @@ public:
     /// The peer's process id as SO_PEERCRED tells it (for a socketpair: the process that made it).
     [[nodiscard]] int peer_pid() const noexcept;
     [[nodiscard]] ShmStats stats() const noexcept;
+    /// Whether the peer is asleep on its doorbell waiting for our bytes (its flag in our outbox:
+    /// the event a test of the doorbell waits for).
+    [[nodiscard]] bool peer_reader_asleep() const noexcept;
     /// ShmOptions::reader_spin.
     [[nodiscard]] std::chrono::microseconds poll_spin() const noexcept override;
     [[nodiscard]] Executor get_executor() const;
