@@ -38,6 +38,30 @@ int Membership::successor(int self) const {
     return next >= 0 ? next : first;
 }
 
+std::vector<std::string> Membership::witnesses(int self, int suspect, std::size_t n) const {
+    std::vector<const GroupMember*> others;
+    for (const auto& m : members_)
+        if (m.record.rank != self && m.record.rank != suspect) others.push_back(&m);
+    std::sort(others.begin(), others.end(), [](const GroupMember* a, const GroupMember* b) { return a->record.rank < b->record.rank; });
+    // The suspect's followers first, then (wrapping) those below it.
+    const auto after = std::partition_point(others.begin(), others.end(), [&](const GroupMember* m) { return m->record.rank < suspect; });
+    std::rotate(others.begin(), after, others.end());
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < others.size() && i < n; ++i) out.push_back(others[i]->record.name);
+    return out;
+}
+
+Clock::time_point Membership::observe_beat(int rank, std::int64_t value, Clock::time_point before, Clock::time_point now) {
+    if (rank != watch_.rank) watch_ = BeatWatch{rank, value, now};
+    else if (value != watch_.value) watch_ = BeatWatch{rank, value, before};
+    return watch_.still_since;
+}
+
+std::optional<Clock::time_point> Membership::beat_still_since(int rank, std::int64_t value) const {
+    if (rank != watch_.rank || value != watch_.value) return std::nullopt;
+    return watch_.still_since;
+}
+
 MembershipUpdate Membership::leave_update(const std::string& self, const std::vector<int>* listed) const {
     auto u = empty_update(MembershipChange::leave, self);
     for (const auto& m : members_)
@@ -99,5 +123,7 @@ Duration Membership::beat_interval(Duration timeout) {
 Duration Membership::probe_timeout(Duration timeout) {
     return std::clamp<Duration>(timeout / 2, std::chrono::milliseconds(50), std::chrono::seconds(5));
 }
+
+Duration Membership::witness_probe_timeout(Duration timeout) { return probe_timeout(timeout) * 3 / 4; }
 
 }  // namespace tensorplay::detail

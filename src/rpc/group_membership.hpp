@@ -10,6 +10,7 @@
 #include "rpc/membership.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,6 +45,9 @@ public:
     /// The member after rank `self` (wrapping), or -1 when it is alone: the one whose heartbeat it
     /// watches, so that every member is watched by one other.
     [[nodiscard]] int successor(int self) const;
+    /// The witnesses of a removal check of the member of `suspect` by `self`: at most `n` other
+    /// members, the suspect's followers by rank (wrapping), neither `self` nor the suspect.
+    [[nodiscard]] std::vector<std::string> witnesses(int self, int suspect, std::size_t n) const;
     /// The update of the leave of worker `self`: every other member that `listed` (the store's
     /// member list; null: unread, every member) still lists.
     [[nodiscard]] MembershipUpdate leave_update(const std::string& self, const std::vector<int>* listed) const;
@@ -68,6 +72,17 @@ public:
     /// cancelled.
     [[nodiscard]] Task<void> removals_ended(Clock::time_point deadline);
 
+    // ---- the successor's heartbeat, as this worker reads it ----
+    /// Records that the heartbeat of `rank` read `value` at `now`, its previous reading having been
+    /// at `before`; returns since when it has stood still: `before` when it moved since then (the
+    /// beat came after that reading), `now` at a first reading of `rank`.
+    Clock::time_point observe_beat(int rank, std::int64_t value, Clock::time_point before, Clock::time_point now);
+    /// Since when the heartbeat of `rank` has stood still at `value`, when this worker watches it
+    /// and last read that value.
+    [[nodiscard]] std::optional<Clock::time_point> beat_still_since(int rank, std::int64_t value) const;
+    /// Starts the watch over at `now` (after a suspicion: the next one a member timeout later).
+    void restart_watch(Clock::time_point now) noexcept { watch_.still_since = now; }
+
     // ---- this worker ----
     /// Set by a graceful leave: connections that close from then on are no sign of a death.
     [[nodiscard]] bool leaving() const noexcept { return leaving_; }
@@ -88,6 +103,9 @@ public:
     /// How long a probe of a suspect waits for its answer: half the member timeout, between 50 ms
     /// and 5 s.
     [[nodiscard]] static Duration probe_timeout(Duration member_timeout);
+    /// How long a witness's own probe of a suspect waits: three quarters of the probe timeout, so
+    /// that its answer reaches the asking member within the asker's probe timeout.
+    [[nodiscard]] static Duration witness_probe_timeout(Duration member_timeout);
 
 private:
     std::vector<GroupMember> members_;
@@ -98,6 +116,11 @@ private:
     bool leaving_ = false;
     std::optional<Error> evicted_;
     std::vector<Device> devices_;
+    struct BeatWatch {
+        int rank = -1;
+        std::int64_t value = -1;
+        Clock::time_point still_since{};
+    } watch_;
 };
 
 }  // namespace tensorplay::detail

@@ -21,6 +21,12 @@ namespace tensorplay::detail {
 inline constexpr const char* kDeviceInfosHandler = "_tp_get_device_infos";
 /// Takes a MembershipUpdate (the seed's _update_group_membership, with the whole group).
 inline constexpr const char* kMembershipHandler = "_tp_update_group_membership";
+/// Takes a member's name; answers one byte (WitnessAnswer): whether this member reaches it.
+inline constexpr const char* kWitnessHandler = "_tp_probe_member";
+/// A witness's answer about a suspect.
+enum class WitnessAnswer : std::uint8_t { unreachable = 0, reachable = 1, not_a_member = 2 };
+/// Witnesses asked at once before a suspect is removed.
+inline constexpr std::size_t kRemovalWitnesses = 2;
 
 /// The store keys of a dynamic group: each member's record (as a static group's), its claim on
 /// its rank (its name), its heartbeat (a counter), and the member list (encode_member_ranks).

@@ -233,11 +233,19 @@ private:
     /// The same call to every worker of `to` at once; their results in that order.
     [[nodiscard]] Task<std::vector<Result<Message>>> call_each(std::vector<std::string> to, const char* handler, Bytes payload,
                                                              Clock::time_point deadline);
-    /// call_each's calls: their results, and how many have yet to end.
+    /// One call of a built-in handler among those call_all makes at once.
+    struct BuiltinCall {
+        std::string to;
+        const char* handler;
+        Bytes payload;
+    };
+    /// Makes every call of `calls` at once, until `deadline`; their results in that order.
+    [[nodiscard]] Task<std::vector<Result<Message>>> call_all(std::vector<BuiltinCall> calls, Clock::time_point deadline);
+    /// call_all's calls: their results, and how many have yet to end.
     struct Fanout;
-    /// One of call_each's calls, its result going to `f->results[i]`.
+    /// One of call_all's calls, its result going to `f->results[i]`.
     [[nodiscard]] static Task<void> fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i,
-                                               std::string to, const char* handler, Bytes payload, Clock::time_point deadline);
+                                               BuiltinCall call, Clock::time_point deadline);
     /// The group's members as the store lists them (empty before the first join).
     [[nodiscard]] Task<Result<std::vector<int>>> read_member_ranks();
     /// Deletes the store entries of the member of `rank` (its record, rank claim and heartbeat).
@@ -248,15 +256,32 @@ private:
     void start_liveness();
     /// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
     [[nodiscard]] static Task<void> liveness_loop(std::shared_ptr<AgentCore> core);
-    /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): it is
-    /// probed and, when it does not answer, removed from the group under the token. One check per
-    /// member at a time (membership_.begin_check).
+    /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): the
+    /// evidence is gathered and, when it confirms, the member is removed from the group under the
+    /// token. One check per member at a time (membership_.begin_check).
     void suspect(int rank, std::string why);
-    /// The removal of the member of `rank` (named `name`) if it does not answer: under the token,
-    /// every other member is sent the group without it, the store's list is updated, its entries go.
+    /// The removal of the member of `rank` (named `name`) once the evidence confirms it unreachable:
+    /// under the token, every other member is sent the group without it, the store's list is
+    /// updated, its entries go.
     [[nodiscard]] static Task<void> remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why);
+    /// What the evidence says of a suspect (docs/protocol.md, "Removal by evidence").
+    struct Evidence {
+        bool unreachable = false;  ///< confirmed: removed
+        bool answered = false;     ///< it answered this worker's probe
+        std::string why;           ///< what confirmed it, or what refuted it
+    };
+    /// This worker's probe of the suspect and its witnesses' at once, then, when no witness
+    /// answered, the suspect's heartbeat in the store.
+    [[nodiscard]] Task<Evidence> gather_evidence(int rank, std::string name);
+    /// Whether the heartbeat of `rank` stands still for `timeout` (as this worker read it: from its
+    /// watch when it watches `rank`, else from now); false as soon as it moves, or when the store
+    /// cannot be read.
+    [[nodiscard]] Task<bool> beat_stood_still(int rank, Duration timeout);
     /// Whether member `name` answers a call of a built-in handler within `limit`.
     [[nodiscard]] Task<bool> answers(std::string name, Duration limit);
+    /// The witness handler's body: whether this member reaches the member named in `m` (a
+    /// dynamic member asks it of another before it removes that one).
+    [[nodiscard]] static Task<Result<Message>> answer_witness(std::shared_ptr<AgentCore> core, WorkerInfo caller, Message m);
     /// Takes this worker out of the group it was removed from: its calls fail with `why`, its
     /// connections close, and a graceful shutdown tells nobody (it is no member to leave).
     void evict(Error why);
@@ -405,6 +430,10 @@ public:
     [[nodiscard]] std::string listen_address() const;
     /// Every address this agent listens on, one per transport, highest priority first (URLs).
     [[nodiscard]] std::vector<std::string> listen_urls() const;
+    /// Test hook (on the agent's executor): this agent's path to member `name` breaks, as a
+    /// network partition between the two would: its connection to it is lost, and its connects to
+    /// it are refused from now on. Other workers' paths are untouched. False: no such member.
+    bool cut_off_for_test(const std::string& name);
     /// Test hook: the open outgoing connection to `rank`, if any.
     [[nodiscard]] std::shared_ptr<Connection> connection_to(int rank) const;
     /// Test hook (on the agent's executor): waits until get_worker_infos() lists exactly `names`

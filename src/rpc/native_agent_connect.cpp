@@ -104,4 +104,14 @@ Task<Result<std::shared_ptr<Connection>>> AgentCore::ensure_connected(int rank, 
     co_return std::move(conn);
 }
 
+bool NativeAgent::cut_off_for_test(const std::string& name) {
+    const int rank = core_->peers().rank_of(name);
+    PeerLink* p = rank < 0 ? nullptr : core_->peers().at(rank);
+    if (!p) return false;
+    // (Port 1 on the loopback: nothing listens there, a connect is refused at once.)
+    for (auto& a : p->addresses) a = TransportOffer{"uv", a.domain, "tcp://127.0.0.1:1"};
+    if (p->conn) p->conn->close(Error(Errc::connection_lost, "the network path to worker \"" + name + "\" broke (test)", name));
+    return true;
+}
+
 }  // namespace tensorplay::detail

@@ -1,11 +1,13 @@
 // Native agent, dynamic groups: members that die without leaving. Each member beats (an `add` on
 // its heartbeat key) and watches its successor by rank, so that every member is watched by one
 // other and the store sees O(members) operations per period. A member is suspected when its
-// heartbeat stands still for the member timeout, or at once when a connection to it is lost; the
-// suspect is probed (a call of the built-in devices handler) and, when it does not answer, removed
-// under the group token by whoever suspected it: every other member is sent the group without it.
-// A live member that the group removed (a probe that failed, e.g. a partition) finds its rank
-// claim gone at its next beat, and says so.
+// heartbeat stands still for the member timeout, or at once when a connection to it is lost. It
+// is removed only on evidence (docs/protocol.md, "Removal by evidence"): the suspecter's own probe
+// fails, and a second member (a witness, asked at the same moment) cannot reach it either, or,
+// when no witness answers (a group of two), its heartbeat in the store stands still. A member cut
+// off from one peer only stays. The removal is made under the group token: every other member is
+// sent the group without it. A live member that the group removed (a partition from everyone)
+// finds its rank claim gone at its next beat, and says so.
 #include "rpc/native_agent.hpp"
 
 #include <tensorplay/core/bytes.hpp>
@@ -23,6 +25,9 @@
 namespace tensorplay::detail {
 namespace {
 
+/// The longest member name a witness is asked about (a worker name is far shorter).
+constexpr std::size_t kMaxWitnessName = 4096;
+
 std::string millis(Duration d) {
     return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
 }
@@ -35,13 +40,15 @@ Task<void> AgentCore::liveness_loop(std::shared_ptr<AgentCore> core) {
     const Duration interval = Membership::beat_interval(timeout);
     const std::string beat = member_beat_key(core->config_.self.id);
     bool store_failing = false;
-    int watched = -1;
-    std::int64_t last = -1;
-    Clock::time_point moved{};
+    Clock::time_point last_read = Clock::now();
+    Clock::time_point due = Clock::time_point::max();  // when the successor's heartbeat will have stood still for `timeout`
     while (core->life_.state() == State::running) {
-        timer.expires_after(interval);
+        // (Woken at the next beat, or earlier at the moment the watched heartbeat is due: a dead
+        // successor is suspected member_timeout after its last beat, not up to a beat later.)
+        timer.expires_at(std::min(Clock::now() + interval, due));
         auto [ec] = co_await timer.async_wait(use_nothrow);
         if (ec || core->life_.state() != State::running) co_return;
+        due = Clock::time_point::max();
         auto beaten = co_await core->config_.store->add(beat, 1);
         Result<std::optional<std::string>> holder = fail(Errc::internal, "unread");
         if (beaten)
@@ -59,23 +66,93 @@ Task<void> AgentCore::liveness_loop(std::shared_ptr<AgentCore> core) {
         if (core->evicted_by(*holder)) co_return;
         const int next = core->membership_.successor(core->config_.self.id);
         if (next < 0) continue;
+        const auto before = last_read;
         auto seen = co_await core->config_.store->add(member_beat_key(next), 0);
         if (!seen) continue;
-        const auto now = Clock::now();
-        if (next != watched || *seen != last) {
-            watched = next;
-            last = *seen;
-            moved = now;
-        } else if (now - moved >= timeout) {
-            moved = now;  // (suspected once per period at most)
-            core->suspect(next, "its heartbeat stood still for " + millis(timeout));
+        const auto now = last_read = Clock::now();
+        const auto still_since = core->membership_.observe_beat(next, *seen, before, now);
+        if (now - still_since >= timeout) {
+            core->suspect(next, "its heartbeat stood still for " + millis(now - still_since));
+            core->membership_.restart_watch(now);  // (suspected once per period at most)
+        } else {
+            due = still_since + timeout;
         }
     }
 }
 
 Task<bool> AgentCore::answers(std::string name, Duration limit) {
+    auto keep = shared_from_this();
     auto r = co_await call_builtin(name, kDeviceInfosHandler, Bytes{}, Clock::now() + limit);
     co_return r.has_value();
+}
+
+Task<Result<Message>> AgentCore::answer_witness(std::shared_ptr<AgentCore> core, WorkerInfo caller, Message m) {
+    if (!core) co_return fail(Errc::shutdown, "the agent is shut down");
+    const PeerLink* from = core->peers_.at(caller.id);
+    if (!from || from->info.name != caller.name)
+        co_return fail(Errc::unauthorized, "worker \"" + caller.name + "\" asked worker \"" + core->config_.self.name +
+                                                "\" to witness a member's death, but it is not a member of the group");
+    if (m.payload.size() > kMaxWitnessName)
+        co_return fail(Errc::invalid_argument, "worker \"" + caller.name + "\" asked worker \"" + core->config_.self.name +
+                                                   "\" to witness a member's death under a name of " + std::to_string(m.payload.size()) +
+                                                   " bytes (at most " + std::to_string(kMaxWitnessName) + ")");
+    const std::string name = to_string(m.payload);
+    WitnessAnswer answer = WitnessAnswer::not_a_member;
+    if (name == core->config_.self.name) {
+        answer = WitnessAnswer::reachable;
+    } else if (name != caller.name && core->peers_.rank_of(name) >= 0) {
+        const bool reached = co_await core->answers(name, Membership::witness_probe_timeout(core->config_.member_timeout()));
+        answer = reached ? WitnessAnswer::reachable : WitnessAnswer::unreachable;
+    }
+    co_return Message{Bytes(1, static_cast<std::uint8_t>(answer)), {}};
+}
+
+Task<bool> AgentCore::beat_stood_still(int rank, Duration timeout) {
+    auto keep = shared_from_this();
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    const Duration interval = Membership::beat_interval(timeout);
+    const std::string key = member_beat_key(rank);
+    auto first = co_await config_.store->add(key, 0);
+    if (!first) co_return false;  // (no evidence: the store cannot be read)
+    const Clock::time_point since = membership_.beat_still_since(rank, *first).value_or(Clock::now());
+    for (;;) {
+        const auto now = Clock::now();
+        if (now - since >= timeout) co_return true;
+        if (life_.state() != State::running) co_return false;
+        timer.expires_at(std::min(now + interval, since + timeout));
+        auto [ec] = co_await timer.async_wait(use_nothrow);
+        if (ec) co_return false;
+        auto seen = co_await config_.store->add(key, 0);
+        if (!seen || *seen != *first) co_return false;
+    }
+}
+
+Task<AgentCore::Evidence> AgentCore::gather_evidence(int rank, std::string name) {
+    auto keep = shared_from_this();
+    const Duration timeout = config_.member_timeout();
+    // This worker's probe and the witnesses' at once: the whole check takes one probe timeout.
+    std::vector<BuiltinCall> calls;
+    calls.push_back(BuiltinCall{name, kDeviceInfosHandler, Bytes{}});
+    const auto witnesses = membership_.witnesses(config_.self.id, rank, kRemovalWitnesses);
+    for (const auto& w : witnesses) calls.push_back(BuiltinCall{w, kWitnessHandler, bytes(name)});
+    auto results = co_await call_all(std::move(calls), Clock::now() + Membership::probe_timeout(timeout));
+    if (results[0]) co_return Evidence{false, true, "it answers"};
+    std::string confirmed_by;
+    for (std::size_t i = 0; i < witnesses.size(); ++i) {
+        const auto& r = results[i + 1];
+        if (!r || r->payload.size() != 1) continue;  // (no answer: no evidence either way)
+        const auto answer = static_cast<WitnessAnswer>(r->payload[0]);
+        if (answer == WitnessAnswer::reachable)
+            co_return Evidence{false, false, "it does not answer this worker, while member \"" + witnesses[i] +
+                                          "\" reaches it (a partition between these two only): it stays"};
+        if (answer == WitnessAnswer::unreachable && confirmed_by.empty()) confirmed_by = witnesses[i];
+    }
+    if (!confirmed_by.empty()) co_return Evidence{true, false, "it does not answer, nor does it answer member \"" + confirmed_by + "\""};
+    // No witness answered (a group of two, or every other member unreachable too): the store's
+    // heartbeat record decides. A member that beats reaches the store: it is alive.
+    if (co_await beat_stood_still(rank, timeout))
+        co_return Evidence{true, false, "it does not answer, no other member could witness, and its heartbeat stood still for " + millis(timeout)};
+    co_return Evidence{false, false, "it does not answer this worker, while its heartbeat in the store moves: it stays"};
 }
 
 Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, std::string name, std::string why) {
@@ -86,10 +163,10 @@ Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, 
     } done{*core, rank};
     // (Suspected inside a connection's close: the probe starts on the next turn of the loop.)
     co_await asio::post(co_await asio::this_coro::executor, use_nothrow);
-    const Duration timeout = core->config_.member_timeout();
-    if (co_await core->answers(name, Membership::probe_timeout(timeout))) {
-        log(LogLevel::info, "rpc", "worker \"" + core->config_.self.name + "\" suspected member \"" + name + "\" (" + why +
-                                       "), but it answers");
+    const auto evidence = co_await core->gather_evidence(rank, name);
+    if (!evidence.unreachable) {
+        log(evidence.answered ? LogLevel::info : LogLevel::warn, "rpc",
+            "worker \"" + core->config_.self.name + "\" suspected member \"" + name + "\" (" + why + "), but " + evidence.why);
         co_return;
     }
     if (core->membership_.evicted() || core->life_.state() != State::running) co_return;  // (no member to remove anyone)
@@ -112,15 +189,16 @@ Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, 
         co_return;
     }
     // Under the token the group is as the store lists it: gone already (it left, or another member
-    // removed it, or a new worker took its rank), or still there and to be removed.
+    // removed it, or a new worker took its rank), or still there and to be removed. (No second
+    // probe: the evidence is one probe timeout old at most.)
     auto listed = co_await core->read_member_ranks();
     const PeerLink* link = core->peers_.at(rank);
     const bool still = listed && std::find(listed->begin(), listed->end(), rank) != listed->end() && link &&
                        link->info.name == name && core->life_.state() == State::running;
-    if (still && !co_await core->answers(name, Membership::probe_timeout(timeout))) {
+    if (still) {
         const auto update = core->membership_.removal_update(rank, name, *listed);
         log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" removes member \"" + name + "\" from the group: " + why +
-                                       ", and it does not answer");
+                                       "; " + evidence.why);
         std::vector<std::string> others;
         std::vector<int> other_ranks, unreached;
         for (const auto& m : update.members)

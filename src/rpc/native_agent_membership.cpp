@@ -177,20 +177,27 @@ struct AgentCore::Fanout {
     Flag done;
 };
 
-Task<void> AgentCore::fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i, std::string to,
-                      const char* handler, Bytes payload, Clock::time_point deadline) {
-    f->results[i] = co_await core->call_builtin(to, handler, payload, deadline);
+Task<void> AgentCore::fanout_one(std::shared_ptr<AgentCore> core, std::shared_ptr<Fanout> f, std::size_t i, BuiltinCall call,
+                                 Clock::time_point deadline) {
+    f->results[i] = co_await core->call_builtin(call.to, call.handler, call.payload, deadline);
     if (--f->left == 0) f->done.set();
 }
 
 Task<std::vector<Result<Message>>> AgentCore::call_each(std::vector<std::string> to, const char* handler, Bytes payload,
                                                         Clock::time_point deadline) {
+    std::vector<BuiltinCall> calls;
+    calls.reserve(to.size());
+    for (auto& name : to) calls.push_back(BuiltinCall{std::move(name), handler, payload});
+    return call_all(std::move(calls), deadline);
+}
+
+Task<std::vector<Result<Message>>> AgentCore::call_all(std::vector<BuiltinCall> calls, Clock::time_point deadline) {
     auto keep = shared_from_this();
     auto f = std::make_shared<Fanout>();
-    f->results.resize(to.size());
-    f->left = to.size();
-    for (std::size_t i = 0; i < to.size(); ++i) {
-        if (!tasks_->spawn(fanout_one(keep, f, i, to[i], handler, payload, deadline), "a membership call")) {
+    f->results.resize(calls.size());
+    f->left = calls.size();
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+        if (!tasks_->spawn(fanout_one(keep, f, i, std::move(calls[i]), deadline), "a membership call")) {
             f->results[i] = fail(Errc::shutdown, "the agent of worker \"" + config_.self.name + "\" is shut down");
             --f->left;
         }
@@ -271,9 +278,14 @@ Result<void> AgentCore::add_membership_handlers() {
     if (!config_.dynamic()) {
         auto refuse = [core_of](WorkerInfo caller, Message) { return refuse_membership(core_of(), std::move(caller)); };
         if (auto r = handlers_.add(kMembershipHandler, refuse, {}); !r) return r;
+        if (auto r = handlers_.add(kWitnessHandler, refuse, {}); !r) return r;
         return handlers_.add(kDeviceInfosHandler, refuse, {});
     }
     if (auto r = handlers_.add(kDeviceInfosHandler, [core_of](WorkerInfo, Message) { return answer_device_infos(core_of()); }, {}); !r)
+        return r;
+    if (auto r = handlers_.add(kWitnessHandler, [core_of](WorkerInfo caller, Message m) {
+            return answer_witness(core_of(), std::move(caller), std::move(m));
+        }, {}); !r)
         return r;
     return handlers_.add(kMembershipHandler, [core_of](WorkerInfo caller, Message m) {
         return answer_membership(core_of(), std::move(caller), std::move(m));

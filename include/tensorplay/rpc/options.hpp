@@ -72,7 +72,8 @@ struct TP_API TensorPipeRpcBackendOptions : RpcBackendOptions {
     /// is empty; empty: TP_RPC_AUTH_KEY_FILE. A file that cannot be read fails init.
     std::string auth_key_file;
     /// Dynamic groups: seconds a member's heartbeat may stand still before the others probe it and,
-    /// when it does not answer, remove it (a lost connection probes at once); must be positive.
+    /// when a second member (or its heartbeat) confirms it unreachable, remove it (a lost
+    /// connection probes at once); must be positive.
     double member_timeout = DEFAULT_MEMBER_TIMEOUT_SEC;
 
     // Bounds on what a peer can make this worker hold or wait for (docs/protocol.md, "Limits"): a
