@@ -151,9 +151,9 @@ write("device_info", {
     "devices_only": record("w", 8, [], [(1, i) for i in range(8)]),
 })
 
-# ---- the same-host channels', membership's and the launcher's decoders (channel_wire_fuzz.cpp):
-# a selector byte (0 cuda_ipc params, 1 ring notice, 2 export notice, 3 reference, 4 cma params,
-# 5 membership update, 6 member list, 7 Slurm host list), then the encoding.
+# ---- the same-host channels' and membership's decoders (channel_wire_fuzz.cpp): a selector byte
+# (0 cuda_ipc params, 1 ring notice, 2 export notice, 3 reference, 4 cma params, 5 membership
+# update, 6 member list), then the encoding.
 HANDLE = bytes(range(64))
 def ipc_device(index, bus, uuid, outbox=None):
     out = i32(index) + str32(bus) + str32(uuid) + u8(1 if outbox else 0)
@@ -185,7 +185,14 @@ write("channel_wire", {
         (peer_record("worker1", 1, [("uv", "any", "tcp://10.0.0.2:29501"), ("shm", "host", "shm://tp-1")]),
          record("worker1", 2, [("worker0", [((1, 0), (1, 1))])], [(1, 0)]))]),
     "members": u8(6) + u32(3) + i32(0) + i32(2) + i32(5),
-    "hosts": u8(7) + b"gpu-[01-04,07],login1,rack[1-2]-n[0-1]",
+})
+
+# ---- the launcher's environment (launcher_env_fuzz.cpp): a selector byte (even: a Slurm host
+# list, odd: a job id, u64, for its port), then the value.
+write("launcher_env", {
+    "hosts": u8(0) + b"gpu-[01-04,07],login1,rack[1-2]-n[0-1]",
+    "plain": u8(0) + b"node1,node2",
+    "job": u8(1) + u64(4242424),
 })
 
 # ---- typed codecs: a selector byte (typed_codec_fuzz.cpp's switch), then the encoding:
