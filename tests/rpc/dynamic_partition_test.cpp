@@ -2,11 +2,14 @@
 // peer only stays in the group, because a witness reaches it; in a group of two a partition
 // between the members removes nobody while both beat in the store; a member cut off from everyone
 // is removed by the others (not the other way round) and learns it; a dead member of a group of
-// two is removed on its heartbeat's evidence.
+// two is removed on its heartbeat's evidence; the witness handler answers each case, and refuses
+// a name past its bound.
 #include "agent_test_util.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/rpc/constants.hpp>
+
+#include "rpc/membership.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -201,6 +204,33 @@ TEST_CASE("in a group of two, a member that dies is removed on its heartbeat's e
         REQUIRE(removed);
         CHECK(log.count("its heartbeat stood still") >= 1);
         (void)co_await group[0]->shutdown(false);
+    });
+}
+
+TEST_CASE("a witness answers whether it reaches a member, and refuses a name past its bound", "[rpc][dynamic][partition]") {
+    test::run_with_deadline(60s, [&]() -> Task<void> {
+        auto store = std::make_shared<HashStore>(10s);
+        std::vector<AgentPtr> group;
+        for (int r = 0; r < 3; ++r) group.push_back(co_await join(store, r));
+        // (Each name and answer is named before the await: GCC 12 and coroutine temporaries.)
+        auto ask = [&](const std::string& about) { return group[2]->rpc_async("worker0", detail::kWitnessHandler, test::text_message(about), 5); };
+        auto answer = [](std::uint8_t a) { return Bytes(1, a); };
+        const std::string member = "worker1", stranger = "nobody", huge = std::string(5000, 'w');
+        auto reached = co_await ask(member);
+        REQUIRE(reached);
+        CHECK(reached->payload == answer(1));
+        auto unknown = co_await ask(stranger);
+        REQUIRE(unknown);
+        CHECK(unknown->payload == answer(2));
+        REQUIRE(group[0]->cut_off_for_test("worker1"));
+        auto cut = co_await ask(member);
+        REQUIRE(cut);
+        CHECK(cut->payload == answer(0));
+        auto refused = co_await ask(huge);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code() == Errc::remote_error);  // (the witness's invalid_argument, as its caller sees it)
+        CHECK(refused.error().message().find("5000 bytes") != std::string::npos);
+        co_await close_all(group);
     });
 }
 
