@@ -1,25 +1,45 @@
-// Per-thread free lists of small blocks: their creation on a thread's first allocation and their
-// deletion at its exit (the fast paths are inline in recycled.hpp).
+// Per-thread free lists of small blocks and recycled payload buffers: their creation on a thread's
+// first use and their deletion at its exit (the fast paths are inline in recycled.hpp and
+// recycled_bytes.hpp).
 #include "core/recycled.hpp"
+#include "core/recycled_bytes.hpp"
 
-namespace tensorplay::detail::recycled_lists {
-
-FreeLists gone;
-
+namespace tensorplay::detail {
 namespace {
 
-/// Deletes this thread's lists at its exit and points `lists` at `gone`, so that blocks freed
-/// later on this thread (by objects destroyed after it) go to operator delete.
-struct ListsOwner {
-    FreeLists* owned = nullptr;
-    ~ListsOwner() {
-        lists = &gone;
+/// Deletes a thread's object at the thread's exit and points the thread's pointer to it at `gone`,
+/// so that what is freed later on this thread (by objects destroyed after it) bypasses it.
+template <class T>
+struct ThreadOwner {
+    T* owned = nullptr;
+    T** current = nullptr;
+    T* gone = nullptr;
+    ~ThreadOwner() {
+        if (current) *current = gone;
         delete owned;
     }
 };
-thread_local ListsOwner owner;
+
+/// The object `current` points to, made on the thread's first use.
+template <class T>
+T* make_for_thread(T*& current, T& gone, ThreadOwner<T>& owner) {
+    if (current == nullptr) {
+        current = new T;
+        owner.owned = current;  // (its first use registers its destructor)
+        owner.current = &current;
+        owner.gone = &gone;
+    }
+    return current;
+}
+
+thread_local ThreadOwner<recycled_lists::FreeLists> lists_owner;
+thread_local ThreadOwner<recycled_payloads::Pool> pool_owner;
 
 }  // namespace
+
+namespace recycled_lists {
+
+FreeLists gone;
 
 FreeLists::~FreeLists() {
     for (auto* head : heads_)
@@ -30,12 +50,15 @@ FreeLists::~FreeLists() {
         }
 }
 
-FreeLists* make() {
-    if (lists == nullptr) {
-        lists = new FreeLists;
-        owner.owned = lists;  // (its first use registers its destructor)
-    }
-    return lists;
-}
+FreeLists* make() { return make_for_thread(lists, gone, lists_owner); }
 
-}  // namespace tensorplay::detail::recycled_lists
+}  // namespace recycled_lists
+
+namespace recycled_payloads {
+
+Pool gone;
+
+Pool* make() { return make_for_thread(pool, gone, pool_owner); }
+
+}  // namespace recycled_payloads
+}  // namespace tensorplay::detail

@@ -162,6 +162,8 @@ public:
     }
     PendingCall& operator*() const noexcept { return *pc_; }
     PendingCall* operator->() const noexcept { return pc_; }
+    /// Its request id.
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
     /// Registers the call (its request is sent), due at `at`.
     void add(Clock::time_point at) {
         table_->add(rank_, id_, *pc_, at);

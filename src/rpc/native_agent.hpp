@@ -303,6 +303,16 @@ private:
     [[nodiscard]] Result<int> check_call(const std::string& to) const;
     /// Every other case of call(): another executor, a call to self, no connection yet.
     [[nodiscard]] Task<Result<Message>> call_slow(std::string to, std::string handler, Message message, double timeout_sec);
+    /// call_slow (rank -1) or call_device (device tensors).
+    [[nodiscard]] Task<Result<Message>> call_elsewhere(int rank, std::string to, std::string handler, Message message,
+                                                       double timeout_sec);
+    /// The common path's request: sent on `peer`'s connection and registered with its deadline;
+    /// false (the error in pc->result) when it could not be sent.
+    bool begin_call(PeerLink& peer, PendingCallHandle& pc, const std::string& handler, Message& message, PreparedTensors* prepared,
+                    double secs, Clock::time_point sent_at);
+    /// The common path's outcome: the reply, or the error it ended with (counted in the metrics).
+    [[nodiscard]] Result<Message> end_call(PendingCallHandle& pc, int rank, const std::string& to, const std::string& handler,
+                                           double secs, Clock::time_point sent_at);
     /// Builds the request (tensor targets from the device map) and sends it on `peer`'s connection;
     /// with `prepared`, the device channels' tensors instead of the message's.
     [[nodiscard]] Result<void> send_request(PeerLink& peer, std::uint64_t id, const std::string& handler, Message& message,

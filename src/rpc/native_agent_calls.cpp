@@ -8,6 +8,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/recycled_bytes.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
@@ -79,9 +80,9 @@ public:
     void on_small_frame(const FrameView& f) override {
         if (f.kind == FrameKind::control) return core_->control_frame(conn_, f.name, f.payload);
         if (f.kind == FrameKind::request)
-            core_->serve_request(conn_, f.id, f.name, Message{Bytes(f.payload.begin(), f.payload.end()), {}}, nullptr);
+            core_->serve_request(conn_, f.id, f.name, Message{recycled_copy(f.payload), {}}, nullptr);
         else
-            reply(f.kind, f.id, f.payload, [&] { return Message{Bytes(f.payload.begin(), f.payload.end()), {}}; }, nullptr);
+            reply(f.kind, f.id, f.payload, [&] { return Message{recycled_copy(f.payload), {}}; }, nullptr);
     }
 
     void on_frame(Frame&& f) override {
@@ -348,44 +349,55 @@ Task<Result<Message>> AgentCore::call_slow(std::string to, std::string handler, 
 // the functions above, the pending call lives outside the frame): a coroutine frame over about
 // 1 KiB is not kept by Asio's per-thread frame cache, and a malloc of that size misses glibc's
 // thread cache too.
+// (The frame of this coroutine is kept small, under the 1,020 bytes that Asio's per-thread cache of
+// coroutine frames recycles: a larger frame goes to malloc on every call. GCC keeps every local and
+// every awaited result in the frame, so the cases other than the common one are one awaited call,
+// and what needs no suspension is in plain functions.)
 Task<Result<Message>> AgentCore::call(std::string to, std::string handler, Message message, double timeout_sec,
                                       PreparedTensors* prepared) {
-    auto current = co_await asio::this_coro::executor;
-    const int rank = current == config_.ex ? ready_rank(to) : -1;
-    if (rank < 0) co_return co_await call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
-    if (!prepared && has_device_tensors(message.tensors))
-        co_return co_await call_device(std::move(to), std::move(handler), std::move(message), timeout_sec);
+    const int rank = (co_await asio::this_coro::executor) == config_.ex ? ready_rank(to) : -1;
+    if (rank < 0 || (!prepared && has_device_tensors(message.tensors)))
+        co_return co_await call_elsewhere(rank, std::move(to), std::move(handler), std::move(message), timeout_sec);
     auto keep = shared_from_this();
     const auto link = peers_.link(rank);  // (held while the call awaits: the member may leave meanwhile)
-    PeerLink& peer = *link;
     const double secs = timeout_sec < 0 ? config_.options->rpc_timeout : timeout_sec;
-    const Duration d = timeout_duration(secs);
-    const auto deadline = d > Duration::zero() ? Clock::now() + d : Clock::time_point::max();
-    const std::uint64_t id = calls_.next_id();
-    PendingCallHandle pc(calls_, rank, id, calls_.slots());
-    const auto out_bytes = message_bytes(message);
+    PendingCallHandle pc(calls_, rank, calls_.next_id(), calls_.slots());
     const auto sent_at = Clock::now();
-    if (auto sent = send_request(peer, id, handler, message, prepared); !sent) {
+    if (begin_call(*link, pc, handler, message, prepared, secs, sent_at) && !pc->signalled) co_await pc->done.wait();
+    co_return end_call(pc, rank, to, handler, secs, sent_at);
+}
+
+Task<Result<Message>> AgentCore::call_elsewhere(int rank, std::string to, std::string handler, Message message, double timeout_sec) {
+    if (rank < 0) return call_slow(std::move(to), std::move(handler), std::move(message), timeout_sec);
+    return call_device(std::move(to), std::move(handler), std::move(message), timeout_sec);
+}
+
+bool AgentCore::begin_call(PeerLink& peer, PendingCallHandle& pc, const std::string& handler, Message& message,
+                           PreparedTensors* prepared, double secs, Clock::time_point sent_at) {
+    const Duration d = timeout_duration(secs);
+    const auto deadline = d > Duration::zero() ? sent_at + d : Clock::time_point::max();
+    const auto out_bytes = message_bytes(message);
+    if (auto sent = send_request(peer, pc.id(), handler, message, prepared); !sent) {
         pc->result = fail(std::move(sent).error());
-        metrics_.call_ended(rank, sent_at, *pc->result);
-        co_return std::move(*pc->result);
+        return false;
     }
-    metrics_.peers[static_cast<std::size_t>(rank)].bytes_sent += out_bytes;
+    metrics_.peers[static_cast<std::size_t>(peer.info.id)].bytes_sent += out_bytes;
+    recycle(message.payload);  // (written, or moved to the writer's queue: the reply may reuse its memory)
     pc->conn = peer.conn.get();
     pc.add(deadline);
-    std::error_code ec;
-    if (!pc->signalled) {
-        co_await pc->done.wait();
-        ec = pc->done.error();
-    }
+    return true;
+}
+
+Result<Message> AgentCore::end_call(PendingCallHandle& pc, int rank, const std::string& to, const std::string& handler, double secs,
+                                    Clock::time_point sent_at) {
     if (pc->result) {
         metrics_.call_ended(rank, sent_at, *pc->result);
-        co_return std::move(*pc->result);
+        return std::move(*pc->result);
     }
     // (pc->result stays unset: the handle then unlinks the call, whose late reply is dropped.)
-    auto err = call_error(to, handler, secs, ec);
+    auto err = call_error(to, handler, secs, pc->done.error());  // (clear unless a wait ended with an error)
     metrics_.call_failed(rank, err.code());
-    co_return fail(std::move(err));
+    return fail(std::move(err));
 }
 
 // Device tensors: ordered after their streams, staged or put in the outbox (transport/channels/device_channels.cpp),

@@ -6,6 +6,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/recycled_bytes.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
@@ -68,6 +69,7 @@ void AgentCore::send_reply(Connection& conn, std::uint64_t id, Result<Message>& 
         sent = send_parts(conn, FrameKind::response, id, {}, r->payload, prepared->tensors, targets, prepared->parts, flush);
     } else if (r) {
         sent = send_parts(conn, FrameKind::response, id, {}, r->payload, r->tensors, targets, flush);
+        recycle(r->payload);  // (written, or moved to the writer's queue: the next request may reuse its memory)
     } else {
         Bytes e = encode_error(r.error());
         std::vector<Tensor> none;

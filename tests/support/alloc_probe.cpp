@@ -14,6 +14,8 @@ namespace tensorplay::test::alloc_probe {
 namespace {
 
 std::atomic<std::size_t> g_live{0};
+std::atomic<std::size_t> g_allocations{0};
+thread_local std::size_t t_allocations = 0;
 std::atomic<std::size_t> g_fail_above{SIZE_MAX};
 char g_watched[64];
 std::atomic<std::size_t> g_watched_size{0};
@@ -29,7 +31,11 @@ void* allocate(std::size_t n, std::size_t align) noexcept {
         const std::size_t rounded = (n + align - 1) / align * align;  // aligned_alloc wants a multiple
         p = std::aligned_alloc(align, rounded);
     }
-    if (p) g_live.fetch_add(malloc_usable_size(p), std::memory_order_relaxed);
+    if (p) {
+        g_live.fetch_add(malloc_usable_size(p), std::memory_order_relaxed);
+        g_allocations.fetch_add(1, std::memory_order_relaxed);
+        ++t_allocations;
+    }
     return p;
 }
 
@@ -50,6 +56,8 @@ void* allocate_or_throw(std::size_t n, std::size_t align) {
 }  // namespace
 
 std::size_t live_bytes() noexcept { return g_live.load(std::memory_order_relaxed); }
+std::size_t allocations() noexcept { return g_allocations.load(std::memory_order_relaxed); }
+std::size_t thread_allocations() noexcept { return t_allocations; }
 
 void watch_freed(std::string_view bytes) noexcept {
     const std::size_t n = std::min(bytes.size(), sizeof g_watched);

@@ -1,5 +1,5 @@
-// A replaced global operator new for tests with an executable of their own: counts live heap bytes,
-// throws above a size on request, counts the blocks freed that still hold given bytes.
+// A replaced global operator new for tests with an executable of their own: counts live heap bytes
+// and allocations, throws above a size on request, counts the blocks freed that still hold given bytes.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,10 @@ namespace tensorplay::test::alloc_probe {
 
 /// Bytes allocated through operator new (any form) and not yet freed, as malloc_usable_size counts them.
 [[nodiscard]] std::size_t live_bytes() noexcept;
+/// Blocks allocated through operator new (any form, any thread) since the process started.
+[[nodiscard]] std::size_t allocations() noexcept;
+/// Blocks allocated through operator new by the calling thread since it started.
+[[nodiscard]] std::size_t thread_allocations() noexcept;
 
 /// While alive, every operator new of more than `bytes` throws std::bad_alloc (the nothrow forms
 /// return null), as a real allocator does when memory runs out. ASan's own operator new aborts
