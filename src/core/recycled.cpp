@@ -1,8 +1,6 @@
 // Per-thread free lists of small blocks and recycled payload buffers: their creation on a thread's
-// first use and their deletion at its exit (the fast paths are inline in recycled.hpp and
-// recycled_bytes.hpp).
+// first use and their deletion at its exit (the fast paths are inline in recycled.hpp).
 #include "core/recycled.hpp"
-#include "core/recycled_bytes.hpp"
 
 namespace tensorplay::detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <tensorplay/device/backend.hpp>
 
 #include "core/asio_compat.hpp"
-#include "core/recycled_bytes.hpp"
+#include "core/recycled.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>

@@ -83,18 +83,18 @@ PerCall allocations_per_call(const std::string& transport) {
 
 // (Not exactly 0 over a run, and no timing in it: Asio recycles at most two coroutine frames per
 // thread, and when one of the agent's background coroutines takes one at the wrong moment the next
-// call's frame comes from malloc; and a loaded machine makes a same-host reader park and be woken
-// by a post, which allocates Asio's operation. Measured: 0.003 on the caller's side, 0 on the
-// callee's, up to 0.04 over shm on a loaded machine. What this bounds is an allocation per call:
-// before the recycled payloads and the smaller call frame there was one on each side, 2.5 when
-// both sides share a thread.)
-constexpr double kAtMost = 0.1;
-
+// call's frame comes from malloc. Over shm a loaded machine also makes the reader park on its
+// doorbell, through the reactor (a coroutine frame and an operation, from the same small caches):
+// the more load, the more parks. Measured: 0.003 on the caller's side and 0 on the callee's over
+// uv and uds whatever the load; over shm 0.003 to 0.03 idle, 0.12 beside two fuzzers and a build.
+// What these bound is an allocation per call: before the recycled payloads and the smaller call
+// frame there was one on each side, 2.5 when both sides share a thread.)
 TEST_CASE("a call allocates nothing at steady state, on either side", "[rpc][alloc]") {
     for (const char* transport : {"uv", "uds", "shm"}) {
         INFO("transport " << transport);
+        const double at_most = std::string_view(transport) == "shm" ? 0.5 : 0.1;
         const auto per_call = allocations_per_call(transport);
-        CHECK(per_call.caller <= kAtMost);
-        CHECK(per_call.callee <= kAtMost);
+        CHECK(per_call.caller <= at_most);
+        CHECK(per_call.callee <= at_most);
     }
 }
