@@ -27,17 +27,6 @@ std::vector<int> Membership::ranks_of(const std::vector<GroupMember>& members) {
     return r;
 }
 
-int Membership::successor(int self) const {
-    int next = -1, first = -1;
-    for (const auto& m : members_) {
-        const int r = m.record.rank;
-        if (r == self) continue;
-        if (first < 0 || r < first) first = r;
-        if (r > self && (next < 0 || r < next)) next = r;
-    }
-    return next >= 0 ? next : first;
-}
-
 std::vector<std::string> Membership::witnesses(int self, int suspect, std::size_t n) const {
     std::vector<const GroupMember*> others;
     for (const auto& m : members_)
@@ -51,15 +40,47 @@ std::vector<std::string> Membership::witnesses(int self, int suspect, std::size_
     return out;
 }
 
-Clock::time_point Membership::observe_beat(int rank, std::int64_t value, Clock::time_point before, Clock::time_point now) {
-    if (rank != watch_.rank) watch_ = BeatWatch{rank, value, now};
-    else if (value != watch_.value) watch_ = BeatWatch{rank, value, before};
-    return watch_.still_since;
+std::vector<int> Membership::successors(int self, std::size_t n) const {
+    std::vector<int> ranks;
+    for (const auto& m : members_)
+        if (m.record.rank != self) ranks.push_back(m.record.rank);
+    std::sort(ranks.begin(), ranks.end());
+    std::rotate(ranks.begin(), std::upper_bound(ranks.begin(), ranks.end(), self), ranks.end());
+    if (ranks.size() > n) ranks.resize(n);
+    return ranks;
+}
+
+void Membership::keep_watches(const std::vector<int>& ranks) {
+    std::erase_if(watches_, [&](const BeatWatch& w) { return std::find(ranks.begin(), ranks.end(), w.rank) == ranks.end(); });
+}
+
+Clock::time_point Membership::observe_beat(int rank, std::int64_t value, Clock::time_point now) {
+    auto it = std::find_if(watches_.begin(), watches_.end(), [&](const BeatWatch& w) { return w.rank == rank; });
+    if (it == watches_.end()) {
+        watches_.push_back(BeatWatch{rank, value, now, now});
+        return now;
+    }
+    if (value != it->value) {
+        it->value = value;
+        it->still_since = it->last_read;
+    }
+    it->last_read = now;
+    return it->still_since;
 }
 
 std::optional<Clock::time_point> Membership::beat_still_since(int rank, std::int64_t value) const {
-    if (rank != watch_.rank || value != watch_.value) return std::nullopt;
-    return watch_.still_since;
+    for (const auto& w : watches_)
+        if (w.rank == rank && w.value == value) return w.still_since;
+    return std::nullopt;
+}
+
+void Membership::restart_watch(int rank, Clock::time_point now) noexcept {
+    for (auto& w : watches_)
+        if (w.rank == rank) w.still_since = now;
+}
+
+bool Membership::confirmed_unreachable(int rank) const noexcept {
+    return std::find(confirmed_.begin(), confirmed_.end(), rank) != confirmed_.end();
 }
 
 MembershipUpdate Membership::leave_update(const std::string& self, const std::vector<int>* listed) const {
@@ -93,6 +114,7 @@ bool Membership::begin_check(int rank) {
 
 void Membership::end_check(int rank) {
     std::erase(checks_, rank);
+    std::erase(confirmed_, rank);
     if (checks_.empty()) checks_idle_.set();
 }
 

@@ -1,6 +1,7 @@
 // Private: a dynamic member's view of its group (issue 35): the members, the removal checks that
 // run, whether this worker leaves or was evicted, its devices in the group, and the rules over them that need no agent (the
-// successor it watches, the updates of a leave and of a removal, the liveness timings).
+// successors it watches, the witnesses of a removal, the updates of a leave and of a removal, the
+// liveness timings).
 #pragma once
 
 #include <tensorplay/core/result.hpp>
@@ -42,9 +43,9 @@ public:
 
     /// The ranks of `members`, in their order (the store's member list).
     [[nodiscard]] static std::vector<int> ranks_of(const std::vector<GroupMember>& members);
-    /// The member after rank `self` (wrapping), or -1 when it is alone: the one whose heartbeat it
-    /// watches, so that every member is watched by one other.
-    [[nodiscard]] int successor(int self) const;
+    /// The at most `n` members after rank `self` (wrapping), not `self`: those whose heartbeats it
+    /// watches (two, so that a host's consecutive workers lost at once are each watched by a live one).
+    [[nodiscard]] std::vector<int> successors(int self, std::size_t n) const;
     /// The witnesses of a removal check of the member of `suspect` by `self`: at most `n` other
     /// members, the suspect's followers by rank (wrapping), neither `self` nor the suspect.
     [[nodiscard]] std::vector<std::string> witnesses(int self, int suspect, std::size_t n) const;
@@ -72,16 +73,24 @@ public:
     /// cancelled.
     [[nodiscard]] Task<void> removals_ended(Clock::time_point deadline);
 
-    // ---- the successor's heartbeat, as this worker reads it ----
-    /// Records that the heartbeat of `rank` read `value` at `now`, its previous reading having been
-    /// at `before`; returns since when it has stood still: `before` when it moved since then (the
-    /// beat came after that reading), `now` at a first reading of `rank`.
-    Clock::time_point observe_beat(int rank, std::int64_t value, Clock::time_point before, Clock::time_point now);
+    // ---- the successors' heartbeats, as this worker reads them ----
+    /// Stops watching every rank not in `ranks`.
+    void keep_watches(const std::vector<int>& ranks);
+    /// Records that the heartbeat of `rank` read `value` at `now`; returns since when it has stood
+    /// still: the previous reading's time when it moved since then (the beat came after it), `now`
+    /// at a first reading of `rank`.
+    Clock::time_point observe_beat(int rank, std::int64_t value, Clock::time_point now);
     /// Since when the heartbeat of `rank` has stood still at `value`, when this worker watches it
     /// and last read that value.
     [[nodiscard]] std::optional<Clock::time_point> beat_still_since(int rank, std::int64_t value) const;
-    /// Starts the watch over at `now` (after a suspicion: the next one a member timeout later).
-    void restart_watch(Clock::time_point now) noexcept { watch_.still_since = now; }
+    /// Starts the watch of `rank` over at `now` (after a suspicion: the next one a member timeout later).
+    void restart_watch(int rank, Clock::time_point now) noexcept;
+
+    // ---- suspects confirmed ----
+    /// Members whose removal check found them unreachable, while it runs: a removal's update is
+    /// not sent to them (they are removed next; waiting for their answer would hold the token).
+    void confirm_unreachable(int rank) { confirmed_.push_back(rank); }
+    [[nodiscard]] bool confirmed_unreachable(int rank) const noexcept;
 
     // ---- this worker ----
     /// Set by a graceful leave: connections that close from then on are no sign of a death.
@@ -119,8 +128,10 @@ private:
     struct BeatWatch {
         int rank = -1;
         std::int64_t value = -1;
-        Clock::time_point still_since{};
-    } watch_;
+        Clock::time_point still_since{}, last_read{};
+    };
+    std::vector<BeatWatch> watches_;
+    std::vector<int> confirmed_;  // ranks found unreachable whose removal check runs
 };
 
 }  // namespace tensorplay::detail

@@ -27,6 +27,8 @@ inline constexpr const char* kWitnessHandler = "_tp_probe_member";
 enum class WitnessAnswer : std::uint8_t { unreachable = 0, reachable = 1, not_a_member = 2 };
 /// Witnesses asked at once before a suspect is removed.
 inline constexpr std::size_t kRemovalWitnesses = 2;
+/// Successors by rank whose heartbeats each member watches.
+inline constexpr std::size_t kWatchedSuccessors = 2;
 
 /// The store keys of a dynamic group: each member's record (as a static group's), its claim on
 /// its rank (its name), its heartbeat (a counter), and the member list (encode_member_ranks).

@@ -252,9 +252,9 @@ private:
     [[nodiscard]] Task<void> forget_member(int rank);
 
     // ---- native_agent_liveness.cpp (dynamic groups: heartbeats, dead members) ----
-    /// Starts the heartbeat of this member and the watch of its successor by rank.
+    /// Starts the heartbeat of this member and the watch of its two successors by rank.
     void start_liveness();
-    /// Beats, checks our rank claim, and watches our successor's heartbeat, until cancelled.
+    /// Beats, checks our rank claim, and watches our successors' heartbeats, until cancelled.
     [[nodiscard]] static Task<void> liveness_loop(std::shared_ptr<AgentCore> core);
     /// Member `rank` may be dead (`why`: its connection was lost, its heartbeat stood still): the
     /// evidence is gathered and, when it confirms, the member is removed from the group under the
@@ -273,10 +273,15 @@ private:
     /// This worker's probe of the suspect and its witnesses' at once, then, when no witness
     /// answered, the suspect's heartbeat in the store.
     [[nodiscard]] Task<Evidence> gather_evidence(int rank, std::string name);
-    /// Whether the heartbeat of `rank` stands still for `timeout` (as this worker read it: from its
-    /// watch when it watches `rank`, else from now); false as soon as it moves, or when the store
-    /// cannot be read.
-    [[nodiscard]] Task<bool> beat_stood_still(int rank, Duration timeout);
+    /// Whether the heartbeat of each member of `ranks` stands still for `timeout` (as this worker
+    /// read it: from its watch when it watches that rank, else from now); false for one as soon as
+    /// it moves, or when the store cannot be read. All are watched at once.
+    [[nodiscard]] Task<std::vector<bool>> beats_stood_still(std::vector<int> ranks, Duration timeout);
+    /// When a built-in call to a member made under the group token (a joiner's device-info calls,
+    /// a join's or removal's update) gives up: a probe timeout from now (a live member answers in
+    /// moments), at most `deadline`. (Not a leave's update: members answer it once their calls to
+    /// the leaver have ended.)
+    [[nodiscard]] Clock::time_point member_call_deadline(Clock::time_point deadline) const;
     /// Whether member `name` answers a call of a built-in handler within `limit`.
     [[nodiscard]] Task<bool> answers(std::string name, Duration limit);
     /// The witness handler's body: whether this member reaches the member named in `m` (a

@@ -1,6 +1,7 @@
 // Native agent, dynamic groups: members that die without leaving. Each member beats (an `add` on
-// its heartbeat key) and watches its successor by rank, so that every member is watched by one
-// other and the store sees O(members) operations per period. A member is suspected when its
+// its heartbeat key) and watches its two successors by rank, so that every member is watched by
+// two others (a host's consecutive workers lost at once each by a live one) and the store sees
+// O(members) operations per period. A member is suspected when its
 // heartbeat stands still for the member timeout, or at once when a connection to it is lost. It
 // is removed only on evidence (docs/protocol.md, "Removal by evidence"): the suspecter's own probe
 // fails, and a second member (a witness, asked at the same moment) cannot reach it either, or,
@@ -40,10 +41,9 @@ Task<void> AgentCore::liveness_loop(std::shared_ptr<AgentCore> core) {
     const Duration interval = Membership::beat_interval(timeout);
     const std::string beat = member_beat_key(core->config_.self.id);
     bool store_failing = false;
-    Clock::time_point last_read = Clock::now();
-    Clock::time_point due = Clock::time_point::max();  // when the successor's heartbeat will have stood still for `timeout`
+    Clock::time_point due = Clock::time_point::max();  // when a watched heartbeat will have stood still for `timeout`
     while (core->life_.state() == State::running) {
-        // (Woken at the next beat, or earlier at the moment the watched heartbeat is due: a dead
+        // (Woken at the next beat, or earlier at the moment a watched heartbeat is due: a dead
         // successor is suspected member_timeout after its last beat, not up to a beat later.)
         timer.expires_at(std::min(Clock::now() + interval, due));
         auto [ec] = co_await timer.async_wait(use_nothrow);
@@ -64,18 +64,19 @@ Task<void> AgentCore::liveness_loop(std::shared_ptr<AgentCore> core) {
         }
         store_failing = false;
         if (core->evicted_by(*holder)) co_return;
-        const int next = core->membership_.successor(core->config_.self.id);
-        if (next < 0) continue;
-        const auto before = last_read;
-        auto seen = co_await core->config_.store->add(member_beat_key(next), 0);
-        if (!seen) continue;
-        const auto now = last_read = Clock::now();
-        const auto still_since = core->membership_.observe_beat(next, *seen, before, now);
-        if (now - still_since >= timeout) {
-            core->suspect(next, "its heartbeat stood still for " + millis(now - still_since));
-            core->membership_.restart_watch(now);  // (suspected once per period at most)
-        } else {
-            due = still_since + timeout;
+        const auto watched = core->membership_.successors(core->config_.self.id, kWatchedSuccessors);
+        core->membership_.keep_watches(watched);
+        for (const int next : watched) {
+            auto seen = co_await core->config_.store->add(member_beat_key(next), 0);
+            if (!seen) continue;
+            const auto now = Clock::now();
+            const auto still_since = core->membership_.observe_beat(next, *seen, now);
+            if (now - still_since >= timeout) {
+                core->suspect(next, "its heartbeat stood still for " + millis(now - still_since));
+                core->membership_.restart_watch(next, now);  // (suspected once per period at most)
+            } else {
+                due = std::min(due, still_since + timeout);
+            }
         }
     }
 }
@@ -107,23 +108,38 @@ Task<Result<Message>> AgentCore::answer_witness(std::shared_ptr<AgentCore> core,
     co_return Message{Bytes(1, static_cast<std::uint8_t>(answer)), {}};
 }
 
-Task<bool> AgentCore::beat_stood_still(int rank, Duration timeout) {
+Task<std::vector<bool>> AgentCore::beats_stood_still(std::vector<int> ranks, Duration timeout) {
     auto keep = shared_from_this();
     asio::steady_timer timer(co_await asio::this_coro::executor);
     const Duration interval = Membership::beat_interval(timeout);
-    const std::string key = member_beat_key(rank);
-    auto first = co_await config_.store->add(key, 0);
-    if (!first) co_return false;  // (no evidence: the store cannot be read)
-    const Clock::time_point since = membership_.beat_still_since(rank, *first).value_or(Clock::now());
+    const std::size_t n = ranks.size();
+    std::vector<bool> still(n, true);
+    std::vector<std::int64_t> first(n, 0);
+    std::vector<Clock::time_point> since(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        auto seen = co_await config_.store->add(member_beat_key(ranks[i]), 0);
+        if (!seen) {
+            still[i] = false;  // (no evidence: the store cannot be read)
+            continue;
+        }
+        first[i] = *seen;
+        since[i] = membership_.beat_still_since(ranks[i], *seen).value_or(Clock::now());
+    }
     for (;;) {
         const auto now = Clock::now();
-        if (now - since >= timeout) co_return true;
-        if (life_.state() != State::running) co_return false;
-        timer.expires_at(std::min(now + interval, since + timeout));
+        auto due = Clock::time_point::max();
+        for (std::size_t i = 0; i < n; ++i)
+            if (still[i] && now - since[i] < timeout) due = std::min(due, since[i] + timeout);
+        if (due == Clock::time_point::max()) co_return still;
+        if (life_.state() != State::running) co_return std::vector<bool>(n, false);
+        timer.expires_at(std::min(now + interval, due));
         auto [ec] = co_await timer.async_wait(use_nothrow);
-        if (ec) co_return false;
-        auto seen = co_await config_.store->add(key, 0);
-        if (!seen || *seen != *first) co_return false;
+        if (ec) co_return std::vector<bool>(n, false);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!still[i] || Clock::now() - since[i] >= timeout) continue;
+            auto seen = co_await config_.store->add(member_beat_key(ranks[i]), 0);
+            if (!seen || *seen != first[i]) still[i] = false;
+        }
     }
 }
 
@@ -150,7 +166,9 @@ Task<AgentCore::Evidence> AgentCore::gather_evidence(int rank, std::string name)
     if (!confirmed_by.empty()) co_return Evidence{true, false, "it does not answer, nor does it answer member \"" + confirmed_by + "\""};
     // No witness answered (a group of two, or every other member unreachable too): the store's
     // heartbeat record decides. A member that beats reaches the store: it is alive.
-    if (co_await beat_stood_still(rank, timeout))
+    std::vector<int> suspect(1, rank);
+    const auto still = co_await beats_stood_still(std::move(suspect), timeout);
+    if (still[0])
         co_return Evidence{true, false, "it does not answer, no other member could witness, and its heartbeat stood still for " + millis(timeout)};
     co_return Evidence{false, false, "it does not answer this worker, while its heartbeat in the store moves: it stays"};
 }
@@ -170,6 +188,7 @@ Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, 
         co_return;
     }
     if (core->membership_.evicted() || core->life_.state() != State::running) co_return;  // (no member to remove anyone)
+    core->membership_.confirm_unreachable(rank);
     const auto deadline = Clock::now() + core->config_.store_wait_limit();
     auto token = co_await GroupToken::acquire(core->config_.store, core->config_.self.name, TokenPurpose::removal, deadline);
     if (!token) {
@@ -201,12 +220,16 @@ Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, 
                                        "; " + evidence.why);
         std::vector<std::string> others;
         std::vector<int> other_ranks, unreached;
+        // (Not to the members found unreachable meanwhile: they are removed next.)
         for (const auto& m : update.members)
-            if (m.record.rank != core->config_.self.id) {
+            if (m.record.rank != core->config_.self.id && !core->membership_.confirmed_unreachable(m.record.rank)) {
                 others.push_back(m.record.name);
                 other_ranks.push_back(m.record.rank);
             }
-        auto told = co_await core->call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
+        // (Bounded by the probe timeout: a member that does not take it then, e.g. the next of a
+        // lost host's workers, is suspected once the token is back, instead of holding it.)
+        auto told = co_await core->call_each(others, kMembershipHandler, encode_membership_update(update),
+                                             core->member_call_deadline(deadline));
         for (std::size_t i = 0; i < told.size(); ++i) {
             if (told[i]) continue;
             log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not tell member \"" + others[i] + "\" that \"" +
@@ -222,6 +245,10 @@ Task<void> AgentCore::remove_if_dead(std::shared_ptr<AgentCore> core, int rank, 
     }
     if (auto r = co_await (*token)->release(); !r)
         log(LogLevel::warn, "rpc", "worker \"" + core->config_.self.name + "\" could not give the group token back: " + r.error().to_string());
+}
+
+Clock::time_point AgentCore::member_call_deadline(Clock::time_point deadline) const {
+    return std::min(deadline, Clock::now() + Membership::probe_timeout(config_.member_timeout()));
 }
 
 Duration AgentConfig::member_timeout() const {

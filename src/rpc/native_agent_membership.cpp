@@ -114,13 +114,31 @@ Task<Result<void>> AgentCore::join_under_token(Clock::time_point deadline, std::
 
     // The seed's _get_device_infos of every member, over RPC. A member that cannot be reached
     // died without leaving: it is left out (the update removes it from everyone), its entries go.
+    // (All at once, each bounded by the probe timeout: a member that died silently, its host
+    // lost, must not hold the token, and every other change of the group, until `deadline`.)
     std::vector<GroupMember> all;
     std::vector<int> dead;
-    for (auto& rec : records) {
-        auto reply = co_await call_builtin(rec.name, kDeviceInfosHandler, Bytes{}, deadline);
+    std::vector<std::string> names;
+    for (const auto& rec : records) names.push_back(rec.name);
+    auto replies = co_await call_each(std::move(names), kDeviceInfosHandler, Bytes{}, member_call_deadline(deadline));
+    // A member that does not answer is left out only on evidence (as a removal): its heartbeat
+    // stood still for the member timeout. One that beats is alive, cut off from this joiner only:
+    // the join fails and the group is unchanged.
+    std::vector<int> silent;
+    for (std::size_t i = 0; i < records.size(); ++i)
+        if (!replies[i] && unreachable(replies[i].error())) silent.push_back(records[i].rank);
+    std::vector<bool> still;
+    if (!silent.empty()) still = co_await beats_stood_still(silent, config_.member_timeout());
+    for (std::size_t i = 0, s = 0; i < records.size(); ++i) {
+        const auto& rec = records[i];
+        auto& reply = replies[i];
         if (!reply && unreachable(reply.error())) {
+            if (!still[s++])
+                co_return fail(Errc::connection_lost, "worker \"" + me + "\" cannot reach member \"" + rec.name + "\" (" +
+                                                          reply.error().message() + "), which is alive (its heartbeat moves): it "
+                                                          "cannot join, and the group is unchanged (a partition between the two?)");
             log(LogLevel::warn, "rpc", "worker \"" + me + "\" leaves member \"" + rec.name + "\" out of the group it joins: " +
-                                           reply.error().message());
+                                           reply.error().message() + ", and its heartbeat stood still");
             dead.push_back(rec.rank);
             continue;
         }
@@ -148,7 +166,7 @@ Task<Result<void>> AgentCore::join_under_token(Clock::time_point deadline, std::
             others.push_back(m.record.name);
             other_ranks.push_back(m.record.rank);
         }
-    auto told = co_await call_each(others, kMembershipHandler, encode_membership_update(update), deadline);
+    auto told = co_await call_each(others, kMembershipHandler, encode_membership_update(update), member_call_deadline(deadline));
     for (std::size_t i = 0; i < told.size(); ++i) {
         if (told[i]) continue;
         if (!unreachable(told[i].error()))

@@ -2,14 +2,16 @@
 // peer only stays in the group, because a witness reaches it; in a group of two a partition
 // between the members removes nobody while both beat in the store; a member cut off from everyone
 // is removed by the others (not the other way round) and learns it; a dead member of a group of
-// two is removed on its heartbeat's evidence; the witness handler answers each case, and refuses
-// a name past its bound.
+// two is removed on its heartbeat's evidence; a joiner that cannot reach a live member does not
+// join (and removes nobody); the witness handler answers each case, and refuses a name past its
+// bound.
 #include "agent_test_util.hpp"
 
 #include <tensorplay/core/log.hpp>
 #include <tensorplay/rpc/constants.hpp>
 
 #include "rpc/membership.hpp"
+#include "rpc/peer_record.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -31,11 +33,15 @@ constexpr auto kMemberTimeout = 1s;
 
 Task<Result<Message>> echo(WorkerInfo, Message m) { co_return m; }
 
-Task<AgentPtr> join(std::shared_ptr<Store> store, int rank) {
+Task<Result<AgentPtr>> try_join(std::shared_ptr<Store> store, int rank) {
     detail::NativeAgentTuning tuning;
     tuning.member_timeout = kMemberTimeout;
     auto args = test::init_args(std::move(store), rank, DYNAMIC_WORLD_SIZE, {});
-    auto a = co_await detail::NativeAgent::create(std::move(args), tuning);
+    co_return co_await detail::NativeAgent::create(std::move(args), tuning);
+}
+
+Task<AgentPtr> join(std::shared_ptr<Store> store, int rank) {
+    auto a = co_await try_join(std::move(store), rank);
     if (!a) FAIL("worker" << rank << " did not join: " << a.error().to_string());
     REQUIRE((*a)->register_handler("echo", echo));
     co_return *a;
@@ -230,6 +236,36 @@ TEST_CASE("a witness answers whether it reaches a member, and refuses a name pas
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code() == Errc::remote_error);  // (the witness's invalid_argument, as its caller sees it)
         CHECK(refused.error().message().find("5000 bytes") != std::string::npos);
+        co_await close_all(group);
+    });
+}
+
+TEST_CASE("a joiner that cannot reach a live member does not join, and the group is unchanged", "[rpc][dynamic][partition]") {
+    test::run_with_deadline(60s, [&]() -> Task<void> {
+        auto store = std::make_shared<HashStore>(10s);
+        std::vector<AgentPtr> group;
+        for (int r = 0; r < 2; ++r) group.push_back(co_await join(store, r));
+        // worker1's record, as the joiner reads it, names a TCP address where nothing listens (the
+        // address every connection starts on; worker1 itself is as before, and beats).
+        const std::string key = detail::member_info_key(1);
+        auto held = co_await store->get(key);
+        REQUIRE(held);
+        auto record = detail::decode_record(*held);
+        REQUIRE(record);
+        for (auto& a : record->addresses)
+            if (a.name == "uv") a.address = "tcp://127.0.0.1:1";
+        const Bytes bogus = detail::encode_record(*record);
+        auto set = co_await store->set(key, bogus);
+        REQUIRE(set);
+        auto joiner = co_await try_join(store, 2);
+        REQUIRE_FALSE(joiner);
+        INFO(joiner.error().to_string());
+        CHECK(joiner.error().message().find("which is alive") != std::string::npos);
+        const std::vector<std::string> both{"worker0", "worker1"};
+        for (const auto& a : group) {
+            const bool unchanged = co_await a->until_members(both, 0ms);
+            CHECK(unchanged);
+        }
         co_await close_all(group);
     });
 }

@@ -57,19 +57,47 @@ Task<void> end_check_after(Membership& m, int rank, Duration d) {
 
 }  // namespace
 
-TEST_CASE("a membership takes an update's members and watches its successor by rank, wrapping", "[rpc][membership]") {
+TEST_CASE("a membership takes an update's members and watches its two successors by rank, wrapping", "[rpc][membership]") {
     Membership m;
     CHECK(m.members().empty());
-    CHECK(m.successor(0) == -1);  // alone (or not joined yet): nobody to watch
+    CHECK(m.successors(0, 2).empty());  // alone (or not joined yet): nobody to watch
     m.adopt(group_of({0, 3, 7}));
     REQUIRE(m.members().size() == 3);
     CHECK(Membership::ranks_of(m.members()) == std::vector<int>{0, 3, 7});
-    CHECK(m.successor(0) == 3);
-    CHECK(m.successor(3) == 7);
-    CHECK(m.successor(7) == 0);  // the last watches the first
-    CHECK(m.successor(5) == 7);  // (a rank between members: the next one)
+    CHECK(m.successors(0, 2) == std::vector<int>{3, 7});
+    CHECK(m.successors(3, 2) == std::vector<int>{7, 0});
+    CHECK(m.successors(7, 2) == std::vector<int>{0, 3});  // the last watches the first
+    CHECK(m.successors(5, 2) == std::vector<int>{7, 0});  // (a rank between members: the next ones)
+    CHECK(m.successors(0, 5) == std::vector<int>{3, 7});  // (no more than the others)
     m.adopt(group_of({4}));
-    CHECK(m.successor(4) == -1);
+    CHECK(m.successors(4, 2).empty());
+}
+
+TEST_CASE("a removal's witnesses are the suspect's followers by rank, neither the asker nor the suspect", "[rpc][membership]") {
+    Membership m;
+    m.adopt(group_of({0, 3, 5, 7}));
+    CHECK(m.witnesses(0, 3, 2) == std::vector<std::string>{"w5", "w7"});
+    CHECK(m.witnesses(5, 3, 2) == std::vector<std::string>{"w7", "w0"});
+    CHECK(m.witnesses(0, 7, 2) == std::vector<std::string>{"w3", "w5"});  // (wrapping, the asker left out)
+    m.adopt(group_of({0, 3}));
+    CHECK(m.witnesses(0, 3, 2).empty());  // a group of two: nobody to witness
+}
+
+TEST_CASE("a watched heartbeat stands still from the reading before the one that saw it move", "[rpc][membership]") {
+    Membership m;
+    const auto t0 = Clock::now();
+    const auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+    CHECK(m.observe_beat(3, 10, at(0)) == at(0));  // (a first reading: from now)
+    CHECK(m.observe_beat(3, 10, at(100)) == at(0));
+    CHECK(m.observe_beat(3, 11, at(200)) == at(100));  // (it beat after the reading at 100)
+    CHECK(m.observe_beat(3, 11, at(900)) == at(100));
+    CHECK(m.beat_still_since(3, 11) == at(100));
+    CHECK_FALSE(m.beat_still_since(3, 12));
+    CHECK_FALSE(m.beat_still_since(4, 11));
+    m.restart_watch(3, at(1000));
+    CHECK(m.beat_still_since(3, 11) == at(1000));
+    m.keep_watches({5});
+    CHECK_FALSE(m.beat_still_since(3, 11));
 }
 
 TEST_CASE("the updates of a leave and a removal list the other members that the store still lists", "[rpc][membership]") {
