@@ -6,6 +6,8 @@
 // Exit status: 0 ok, 1 init_rpc failed, 2 a call or the shutdown failed.
 #include <tensorplay/rpc.hpp>
 
+#include "../support/worker_main.hpp"
+
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
@@ -70,14 +72,4 @@ tp::Task<int> worker() {
 
 }  // namespace
 
-int main() {
-    asio::io_context ctx(1);
-    int rc = 3;
-    asio::co_spawn(ctx, worker(), [&](std::exception_ptr e, int r) {
-        rc = e ? 3 : r;
-        ctx.stop();
-    });
-    ctx.run();
-    std::fflush(nullptr);
-    return rc;
-}
+int main() { return tensorplay::test::run_worker(worker); }

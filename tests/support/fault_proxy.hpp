@@ -10,6 +10,8 @@
 // from the moment the fault is armed; each such fault fires once and then disarms.
 #pragma once
 
+#include <tensorplay/core/task.hpp>
+
 #include "core/asio_compat.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -39,6 +41,25 @@ namespace tensorplay::test {
 enum class Direction { to_server, to_client };
 /// How a connection is cut: an orderly FIN, or an RST (SO_LINGER 0).
 enum class Cut { fin, rst };
+
+/// One proxied connection: the accepted (client) socket and the one to the target (also the fault
+/// relay's, tests/rpc/fault_relay.cpp).
+struct ProxiedLink {
+    asio::ip::tcp::socket client, server;
+    bool dead = false;
+    explicit ProxiedLink(asio::io_context& c) : client(c), server(c) {}
+    /// Closes both sockets, with RSTs (`rst`) or FINs; once.
+    void close(bool rst) {
+        if (dead) return;
+        dead = true;
+        for (auto* s : {&client, &server}) {
+            std::error_code ec;
+            if (rst) s->set_option(asio::socket_base::linger(true, 0), ec);
+            else s->shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+            s->close(ec);
+        }
+    }
+};
 
 class FaultProxy {
 public:
@@ -129,22 +150,7 @@ private:
         std::uint8_t corrupt_mask = 0xFF;
     };
 
-    // One proxied connection: the accepted (client) socket and the one to the target.
-    struct Link {
-        tcp::socket client, server;
-        bool dead = false;
-        explicit Link(asio::io_context& c) : client(c), server(c) {}
-        void close(bool rst) {
-            if (dead) return;
-            dead = true;
-            for (auto* s : {&client, &server}) {
-                std::error_code ec;
-                if (rst) s->set_option(asio::socket_base::linger(true, 0), ec);
-                else s->shutdown(tcp::socket::shutdown_both, ec);
-                s->close(ec);
-            }
-        }
-    };
+    using Link = ProxiedLink;
 
     static std::size_t index(Direction d) { return d == Direction::to_server ? 0 : 1; }
     DirState& dir(Direction d) { return dirs_[index(d)]; }
