@@ -158,7 +158,7 @@ struct Harness {
     // The client reads what was sent to it; what the socket did not take, the writer would send.
     void drain(std::optional<Client>& slot) {
         if (!slot) return;
-        std::uint8_t buf[65536];
+        static std::uint8_t buf[65536];  // (not on the stack: ASan would poison and unpoison 64 KiB per call)
         while (::read(slot->peer, buf, sizeof buf) > 0) {
         }
         slot->conn->out.clear();
